@@ -1,0 +1,66 @@
+"""The ``substrate-gpu`` command line.
+
+Each subsystem owns one module here (``_inject``, ``_cdi``, ``_pool``, …) exposing
+``register(subparsers)``; this module only assembles them and maps errors to exit codes.
+
+Exit codes (documented in the README):
+
+- 0: success
+- 1: the operation failed (a :class:`~substrate_gpu.exceptions.SubstrateGpuError`): the
+  message says what and where; nothing was half-written
+- 2: the command line itself is wrong (argparse)
+- 3: validation found problems in the input (``pool validate``)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from substrate_gpu import exceptions
+from substrate_gpu.cli import _registry
+from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_USAGE
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INVALID",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "Handler",
+    "build_parser",
+    "main",
+]
+
+#: A subcommand's entry point: parsed arguments in, exit code out.
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser, with every subsystem's subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="substrate-gpu",
+        description="NVIDIA GPUs for gVisor-sandboxed actors.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register in _registry.REGISTRARS:
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except exceptions.SubstrateGpuError as e:
+        print(f"substrate-gpu: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The contract between the actor lifecycle and the sandbox runtime (runsc).
+
+The lifecycle pipeline only ever talks to a :class:`SandboxRuntime`; the production
+implementation drives the ``runsc`` binary (``substrate_gpu.runsc.driver``), tests may use
+the same driver pointed at a stand-in executable. Failures are typed from runsc's real
+messages so the state machine can decide (refuse, retry, record) without parsing text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+from substrate_gpu import exceptions
+
+#: ``runsc state`` statuses (the OCI runtime state).
+ContainerStatus = Literal["creating", "created", "running", "stopped", "paused"]
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """What ``runsc --root R state ID`` reports."""
+
+    id: str
+    """The container id."""
+    status: ContainerStatus
+    """The OCI status."""
+    pid: int
+    """The container's init pid on the host (0 when stopped)."""
+    bundle: str
+    """The bundle directory the container was created from."""
+
+
+@dataclass(frozen=True)
+class RunscFeatures:
+    """What the installed runsc supports, found by asking it (never assumed)."""
+
+    version: str
+    """``runsc --version`` first line, e.g. ``runsc version release-20250512.0``."""
+    leave_running: bool
+    """``checkpoint --leave-running`` exists: a failed checkpoint can resume the sandbox."""
+    cuda_checkpoint_path: bool
+    """``checkpoint --cuda-checkpoint-path`` exists: runsc drives cuda-checkpoint itself."""
+    nvproxy_driver_version: bool
+    """The global ``--nvproxy-driver-version`` flag exists."""
+    list_supported_drivers: bool
+    """``runsc nvproxy list-supported-drivers`` exists."""
+
+
+class RunscError(exceptions.ExternalCommandError):
+    """runsc failed; subclasses name the failures the lifecycle reacts to."""
+
+
+class LiveNvproxyClientsError(RunscError):
+    """Checkpoint refused by gVisor: a CUDA context is open
+    (``can't save with live nvproxy clients``)."""
+
+
+class NotRestorableError(RunscError):
+    """Checkpoint failed on an nvproxy object (``nvproxy: object handle … is not restorable``)."""
+
+
+class ContainerStoppedError(RunscError):
+    """The container is stopped (``cannot checkpoint container "<id>" in state stopped``):
+    typically the aftermath of a failed checkpoint without ``--leave-running``."""
+
+
+class ContainerNotFoundError(RunscError):
+    """runsc does not know the container (``container … does not exist``)."""
+
+
+class UnsupportedDriverError(RunscError):
+    """nvproxy does not support the host's NVIDIA driver version."""
+
+
+class SandboxRuntime(Protocol):
+    """The operations the lifecycle needs from an OCI sandbox runtime."""
+
+    async def features(self) -> RunscFeatures:
+        """Detect (once, then cached) what the runtime supports."""
+        ...
+
+    async def create(self, container_id: str, bundle: Path, *, nvproxy: bool) -> None:
+        """``runsc --root R [--nvproxy] create --bundle B --pid-file P ID``."""
+        ...
+
+    async def start(self, container_id: str) -> None:
+        """``runsc --root R start ID`` (never ``--nvproxy``)."""
+        ...
+
+    async def checkpoint(
+        self,
+        container_id: str,
+        image_path: Path,
+        *,
+        leave_running: bool,
+        cuda_checkpoint_path: Path | None = None,
+    ) -> None:
+        """``runsc --root R checkpoint --image-path DIR [--leave-running] ID``."""
+        ...
+
+    async def restore(
+        self, container_id: str, bundle: Path, image_path: Path, *, nvproxy: bool
+    ) -> None:
+        """``runsc --root R [--nvproxy] restore --bundle B --image-path DIR --detach ID``."""
+        ...
+
+    async def state(self, container_id: str) -> ContainerState:
+        """``runsc --root R state ID``."""
+        ...
+
+    async def kill(self, container_id: str, signal: str = "KILL") -> None:
+        """``runsc --root R kill ID SIGNAL``."""
+        ...
+
+    async def delete(self, container_id: str, *, force: bool = False) -> None:
+        """``runsc --root R delete [--force] ID``."""
+        ...

@@ -1,0 +1,44 @@
+"""Suite-wide fixtures and the rule for tests that need real components.
+
+Tests that need root (mknod, mounts) or a real runc skip on a developer machine without
+them, but **fail** when ``SUBSTRATE_GPU_REQUIRE_REAL=1`` (set by ``.ci/run``), so CI can
+never go green by skipping the end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+REQUIRE_REAL = os.environ.get("SUBSTRATE_GPU_REQUIRE_REAL") == "1"
+
+
+def _missing(what: str) -> None:
+    if REQUIRE_REAL:
+        pytest.fail(f"{what} is required here (SUBSTRATE_GPU_REQUIRE_REAL=1)")
+    pytest.skip(f"{what} is not available")
+
+
+@pytest.fixture
+def require_root() -> None:
+    """Skip (or fail under CI) unless running as root."""
+    if os.geteuid() != 0:
+        _missing("root")
+
+
+@pytest.fixture
+def runc_path(require_root: None) -> str:
+    """The real runc binary (skip, or fail under CI, when absent)."""
+    path = shutil.which("runc")
+    if path is None:
+        _missing("runc")
+        raise AssertionError("unreachable")
+    return path
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Run anyio tests on asyncio (the node agent's loop)."""
+    return "asyncio"
