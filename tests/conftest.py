@@ -21,14 +21,14 @@ def _missing(what: str) -> None:
     pytest.skip(f"{what} is not available")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def require_root() -> None:
     """Skip (or fail under CI) unless running as root."""
     if os.geteuid() != 0:
         _missing("root")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def runc_path(require_root: None) -> str:
     """The real runc binary (skip, or fail under CI, when absent)."""
     path = shutil.which("runc")

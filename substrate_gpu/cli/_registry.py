@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from substrate_gpu.cli import _pool
+
+from substrate_gpu.cli import _inject
+
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
-REGISTRARS: list[Registrar] = []
+REGISTRARS: list[Registrar] = [_inject.register, _pool.register]

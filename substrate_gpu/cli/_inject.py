@@ -1,0 +1,175 @@
+"""``substrate-gpu inject`` and ``substrate-gpu cdi show``.
+
+``inject`` is what the node agent does for each actor container, runnable by hand on a
+node (docs/gpu-injection.md). ``cdi show`` prints what would be injected from a spec,
+as tables, without touching any bundle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+
+from substrate_gpu import cdi, exceptions
+from substrate_gpu.cli._exitcodes import EXIT_OK
+from substrate_gpu.injection import bundle as bundle_
+from substrate_gpu.injection import devices as devices_
+from substrate_gpu.injection import oci, toolkit
+from substrate_gpu.rootfs import SonameCache
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from substrate_gpu.cdi import model
+
+
+def _common_paths(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--driver-root",
+        default=os.environ.get(toolkit.ENV_DRIVER_ROOT) or str(toolkit.DEFAULT_DRIVER_ROOT),
+        help="NVIDIA driver root (default: $ATE_NVIDIA_DRIVER_ROOT or /usr/local/nvidia)",
+    )
+    parser.add_argument(
+        "--dev-root",
+        default="/",
+        type=Path,
+        help="host-root prefix for resolving device nodes (default: /)",
+    )
+    parser.add_argument(
+        "--toolkit-dir",
+        default=str(toolkit.DEFAULT_TOOLKIT_DIR),
+        type=Path,
+        help="the mounted NVIDIA toolkit (default: /opt/nvidia-toolkit)",
+    )
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``inject`` and ``cdi``."""
+    inject = subparsers.add_parser(
+        "inject",
+        help="inject this worker's GPUs into an OCI bundle",
+        description="Inject the GPUs of a CDI spec (device 'all') into an OCI bundle.",
+    )
+    inject.add_argument("--bundle", required=True, type=Path, help="the OCI bundle directory")
+    source = inject.add_mutually_exclusive_group(required=True)
+    source.add_argument("--cdi-spec", type=Path, help="a CDI spec file (JSON or YAML)")
+    source.add_argument(
+        "--generate",
+        action="store_true",
+        help="generate the spec with the mounted toolkit's nvidia-ctk first",
+    )
+    inject.add_argument(
+        "--cdi-output-dir",
+        type=Path,
+        default=Path("/var/run/cdi"),
+        help="where --generate writes nvidia.json (default: /var/run/cdi)",
+    )
+    _common_paths(inject)
+    inject.set_defaults(handler=run_inject)
+
+    cdi_parser = subparsers.add_parser("cdi", help="inspect CDI specs")
+    cdi_sub = cdi_parser.add_subparsers(dest="cdi_command", required=True, metavar="COMMAND")
+    show = cdi_sub.add_parser("show", help="show what a spec would inject")
+    show.add_argument("file", type=Path, help="the CDI spec (JSON or YAML)")
+    _common_paths(show)
+    show.set_defaults(handler=run_cdi_show)
+
+
+async def _generated_spec(args: argparse.Namespace) -> model.Spec:
+    config = toolkit.ToolkitConfig.from_env(
+        {**os.environ, toolkit.ENV_DRIVER_ROOT: args.driver_root},
+        output_dir=args.cdi_output_dir,
+        toolkit_dir=args.toolkit_dir,
+    )
+    return await toolkit.CdiSpecGenerator(config).ensure_spec()
+
+
+def run_inject(args: argparse.Namespace) -> int:
+    """Handler of ``inject``."""
+    spec = anyio.run(_generated_spec, args) if args.generate else cdi.load_spec(args.cdi_spec)
+    options = bundle_.InjectionOptions(
+        driver_root=args.driver_root, dev_root=args.dev_root, toolkit_dir=args.toolkit_dir
+    )
+    report = bundle_.inject_gpu(
+        args.bundle, cdi.edits_for_all(spec), options=options, soname_cache=SonameCache()
+    )
+    print(f"{report.outcome}: {report.bundle}")
+    for device in report.devices:
+        print(f"  device {device.path} {device.type} {device.major}:{device.minor}")
+    print(f"  mounts {report.mounts}, hooks kept {', '.join(report.hooks_kept) or '-'}")
+    print(f"  hooks skipped {', '.join(report.hooks_skipped) or '-'}")
+    if report.links is not None:
+        links = report.links
+        print(
+            f"  soname links: {len(links.created)} created, {len(links.replaced)} replaced, "
+            f"{len(links.existing)} existing, {len(links.skipped)} skipped"
+        )
+    return EXIT_OK
+
+
+def _table(title: str, header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [f"{title} ({len(rows)})"]
+    lines.extend(
+        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+        for row in [header, *rows]
+    )
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _device_row(node: model.DeviceNode, dev_root: Path) -> tuple[str, ...]:
+    if node.major:
+        return (node.path, node.type or "c", f"{node.major}:{node.minor or 0}", "spec")
+    on_host = devices_.host_path_under(dev_root, node.source)
+    try:
+        resolved = devices_.resolve_device(node, dev_root=dev_root)
+    except exceptions.DeviceResolutionError:
+        return (node.path, node.type or "?", "?:?", f"missing on host ({on_host})")
+    return (node.path, resolved.type, f"{resolved.major}:{resolved.minor}", "host stat")
+
+
+def run_cdi_show(args: argparse.Namespace) -> int:
+    """Handler of ``cdi show``."""
+    spec = cdi.load_spec(args.file)
+    edits = cdi.edits_for_all(spec)
+    plan = oci.plan_injection(
+        edits,
+        (),
+        driver_root=args.driver_root,
+        hook_binary=bundle_.hook_binary(args.toolkit_dir),
+    )
+    print(f"{spec.source}: cdiVersion {spec.cdi_version}, kind {spec.kind}")
+    names = ", ".join(d.name for d in spec.devices)
+    print(f"devices in spec: {names} (injecting: spec-level edits + 'all')")
+    if spec.ignored_fields:
+        print(f"ignored unknown fields: {', '.join(spec.ignored_fields)}")
+    nodes: dict[str, model.DeviceNode] = {}
+    for node in edits.device_nodes:
+        nodes.setdefault(node.path, node)
+    sections = [
+        _table(
+            "Device nodes",
+            ("PATH", "TYPE", "MAJOR:MINOR", "NUMBERS FROM"),
+            [_device_row(n, args.dev_root) for n in nodes.values()],
+        ),
+        _table(
+            "Mounts",
+            ("CONTAINER PATH", "HOST PATH", "OPTIONS"),
+            [(m.container_path, m.host_path, ",".join(m.options)) for m in plan.mounts],
+        ),
+        _table("Env (appended)", ("ENTRY",), [(e,) for e in plan.env]),
+        _table(
+            "Hooks",
+            ("VERDICT", "NAME", "REASON"),
+            [("keep", h.args[1], "allowlisted, runs " + h.path) for h in plan.hooks]
+            + [("skip", d.name, d.reason) for d in plan.skipped_hooks],
+        ),
+    ]
+    print("\n\n".join(sections))
+    lib_dir = plan.driver_library_dir or "(none: no driver library mounted)"
+    print(f"\nLD_LIBRARY_PATH gets {lib_dir} prepended; NVIDIA_VISIBLE_DEVICES is dropped.")
+    return EXIT_OK

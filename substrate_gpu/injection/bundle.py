@@ -1,0 +1,214 @@
+"""Injecting a worker's GPUs into one actor container's OCI bundle (the effectful shell).
+
+Order of work, chosen so that a failure anywhere leaves ``config.json`` untouched:
+
+1. read and parse ``config.json``;
+2. resolve every device node on the host (a missing node fails here, before any write);
+3. plan the edits (pure, :mod:`substrate_gpu.injection.oci`);
+4. if the bundle already holds those device nodes, stop: injection is idempotent;
+5. stage the SONAME links in the actor rootfs (confined to it; idempotent on retry);
+6. write ``config.json`` atomically (temp file, fsync, rename), keeping its mode.
+
+Step 6 is the commit point: a crash before it leaves the old config, after it the new one.
+The pod's pause/root container is never injected (it holds no GPU; runsc still needs
+``--nvproxy`` for it, which the runsc driver handles).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import structlog
+
+from substrate_gpu import _atomic, exceptions
+from substrate_gpu.injection import devices as devices_
+from substrate_gpu.injection import hooks as hooks_
+from substrate_gpu.injection import oci
+from substrate_gpu.rootfs import staging
+
+if TYPE_CHECKING:
+    from substrate_gpu.cdi import model
+    from substrate_gpu.rootfs.sonames import SonameCache
+
+log = structlog.get_logger(__name__)
+
+#: Where the worker pod mounts the host's NVIDIA toolkit (read-only hostPath volume).
+DEFAULT_TOOLKIT_DIR = Path("/opt/nvidia-toolkit")
+#: Default driver root (env ``ATE_NVIDIA_DRIVER_ROOT``).
+DEFAULT_DRIVER_ROOT = "/usr/local/nvidia"
+
+
+@dataclass(frozen=True)
+class InjectionOptions:
+    """Where things are on this worker."""
+
+    driver_root: str = DEFAULT_DRIVER_ROOT
+    """The NVIDIA driver root (``lib64`` and ``bin`` derive from it)."""
+    dev_root: Path = Path("/")
+    """Host-root prefix for stat-ing device nodes (``/`` on a node; a test tree in tests)."""
+    toolkit_dir: Path = DEFAULT_TOOLKIT_DIR
+    """The mounted toolkit; kept hooks run its ``nvidia-cdi-hook`` (``.real`` preferred)."""
+    stage_soname_links: bool = True
+    """Create the SONAME links update-ldcache would have created."""
+
+
+@dataclass(frozen=True)
+class InjectionReport:
+    """What one injection did."""
+
+    bundle: Path
+    """The bundle directory."""
+    outcome: Literal["injected", "already-injected", "sandbox-container"]
+    """``injected``; ``already-injected`` (idempotency guard, nothing written);
+    ``sandbox-container`` (the pause container, nothing written)."""
+    devices: tuple[devices_.ResolvedDevice, ...] = ()
+    """The device nodes of the plan."""
+    mounts: int = 0
+    """Mounts in the plan."""
+    hooks_kept: tuple[str, ...] = ()
+    """Subcommands of the hooks injected."""
+    hooks_skipped: tuple[str, ...] = ()
+    """Names of the hooks left out."""
+    links: staging.StagingReport | None = None
+    """SONAME links staged (``None`` when staging did not run)."""
+    seconds: float = 0.0
+    """Wall time of the injection."""
+
+
+def hook_binary(toolkit_dir: Path) -> str:
+    """The toolkit's ``nvidia-cdi-hook``, preferring ``nvidia-cdi-hook.real``.
+
+    The plain name is often a shell wrapper that needs tools the sandbox host side lacks.
+    """
+    real = toolkit_dir / f"{hooks_.HOOK_BINARY_NAME}.real"
+    return str(real if real.exists() else toolkit_dir / hooks_.HOOK_BINARY_NAME)
+
+
+def read_config(bundle: Path) -> oci.OciConfig:
+    """Parse ``<bundle>/config.json``; errors name the file and the problem."""
+    path = bundle / "config.json"
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise exceptions.InjectionError(
+            f"while injecting GPUs into bundle {bundle}: cannot read {path}: {e.strerror or e}"
+        ) from e
+    try:
+        config = json.loads(raw)
+    except ValueError as e:
+        raise exceptions.InjectionError(
+            f"while injecting GPUs into bundle {bundle}: {path} is not valid JSON: {e}"
+        ) from e
+    if not isinstance(config, dict):
+        raise exceptions.InjectionError(
+            f"while injecting GPUs into bundle {bundle}: {path} is not a JSON object"
+        )
+    return config
+
+
+def rootfs_of(bundle: Path, config: oci.OciConfig) -> Path:
+    """The bundle's root filesystem directory (``root.path``, relative to the bundle)."""
+    root = config.get("root")
+    path = root.get("path") if isinstance(root, dict) else None
+    if not isinstance(path, str) or not path:
+        raise exceptions.InjectionError(
+            f"while injecting GPUs into bundle {bundle}: config.json has no root.path"
+        )
+    return bundle / path  # an absolute path replaces the bundle prefix
+
+
+def encode_config(config: oci.OciConfig) -> bytes:
+    """config.json bytes as we write them."""
+    return json.dumps(config, indent=2).encode() + b"\n"
+
+
+def inject_gpu(
+    bundle: Path,
+    edits: model.ContainerEdits,
+    *,
+    options: InjectionOptions,
+    soname_cache: SonameCache,
+) -> InjectionReport:
+    """Inject the GPU edits into ``bundle``; see the module docstring for the guarantees.
+
+    ``edits`` are the spec-level edits merged with device ``all``
+    (:func:`substrate_gpu.cdi.edits_for_all`). Raises a subclass of
+    :class:`~substrate_gpu.exceptions.InjectionError`; config.json is then untouched.
+    """
+    started = time.perf_counter()
+    bundle = Path(bundle)
+    config = read_config(bundle)
+    bound = log.bind(bundle=str(bundle))
+    if oci.is_sandbox_container(config):
+        bound.info("gpu_injection_skipped", reason="pod sandbox (pause) container")
+        return InjectionReport(bundle=bundle, outcome="sandbox-container")
+
+    resolved = devices_.resolve_device_numbers(edits.device_nodes, dev_root=options.dev_root)
+    if not resolved:
+        raise exceptions.InjectionError(
+            f"while injecting GPUs into bundle {bundle}: the CDI edits resolve no device node"
+        )
+    plan = oci.plan_injection(
+        edits,
+        resolved,
+        driver_root=options.driver_root,
+        hook_binary=hook_binary(options.toolkit_dir),
+    )
+    kept = tuple(h.args[1] for h in plan.hooks)
+    skipped = tuple(d.name for d in plan.skipped_hooks)
+    if oci.already_injected(config, plan):
+        bound.info("gpu_injection_skipped", reason="bundle already holds the GPU devices")
+        return InjectionReport(
+            bundle=bundle,
+            outcome="already-injected",
+            devices=resolved,
+            mounts=len(plan.mounts),
+            hooks_kept=kept,
+            hooks_skipped=skipped,
+            seconds=time.perf_counter() - started,
+        )
+    for decision in plan.skipped_hooks:
+        bound.info("cdi_hook_skipped", hook=decision.name, reason=decision.reason)
+
+    links: staging.StagingReport | None = None
+    if options.stage_soname_links and plan.libraries:
+        rootfs = rootfs_of(bundle, config)
+        links = staging.stage_soname_links(
+            rootfs,
+            [(Path(host), container) for host, container in plan.libraries],
+            cache=soname_cache,
+            log=bound,
+        )
+
+    new_config = oci.apply_plan(config, plan)
+    path = bundle / "config.json"
+    try:
+        _atomic.write_atomically(path, encode_config(new_config))
+    except OSError as e:
+        raise exceptions.InjectionError(
+            f"while injecting GPUs into bundle {bundle}: cannot write {path}: "
+            f"{e.strerror or e}; the previous config.json is intact"
+        ) from e
+    report = InjectionReport(
+        bundle=bundle,
+        outcome="injected",
+        devices=resolved,
+        mounts=len(plan.mounts),
+        hooks_kept=kept,
+        hooks_skipped=skipped,
+        links=links,
+        seconds=time.perf_counter() - started,
+    )
+    bound.info(
+        "gpu_injected",
+        devices=len(resolved),
+        mounts=report.mounts,
+        hooks_kept=len(kept),
+        hooks_skipped=len(skipped),
+        seconds=round(report.seconds, 6),
+    )
+    return report

@@ -1,0 +1,160 @@
+"""Resolving CDI device nodes against the host, and detecting a worker's GPUs.
+
+nvidia-ctk usually leaves ``major``/``minor`` unset: CDI delegates them to the OCI
+runtime, which stats the node on the host. We fill them in ourselves before handing the
+bundle to runsc, because an OCI device with major 0 becomes a 0,0 char device in the
+actor and NVML then reports that it cannot talk to the driver.
+
+Rule (matching the CDI reference library): a node whose spec gives a **non-zero major**
+keeps the spec's numbers (a real spec writes ``/dev/nvidia0`` as ``major: 195`` with
+``minor`` omitted, meaning 0) and its type defaults to ``c``; any other node is stat-ed on
+the host, and a type given by the spec must match what the host has.
+
+``dev_root`` is a host-root prefix (like nvidia-ctk's ``--dev-root``): the same code
+resolves ``/dev/nvidia0`` against ``/`` on a node, against ``/host`` in a containerised
+agent, or against a test tree.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from substrate_gpu import exceptions
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from substrate_gpu.cdi import model
+
+#: GPU device nodes (any index: a worker on a shared node may hold nvidia2 and nvidia3 only).
+_GPU_NODE = re.compile(r"^nvidia[0-9]+$")
+
+#: cgroup access granted when the spec gives none (the CDI reference default).
+DEFAULT_PERMISSIONS = "rwm"
+
+
+@dataclass(frozen=True)
+class ResolvedDevice:
+    """A device node with every number the OCI runtime needs."""
+
+    path: str
+    """Where the node appears in the container."""
+    host_path: str
+    """The node on the host, as named by the spec (before the dev-root prefix)."""
+    type: str
+    """``c``, ``b`` or ``p``."""
+    major: int
+    """Major number (0 for ``p``)."""
+    minor: int
+    """Minor number (0 for ``p``)."""
+    permissions: str
+    """cgroup access, a subset of ``rwm``."""
+    file_mode: int | None = None
+    """Permission bits inside the container (from the spec, else the host node)."""
+    uid: int | None = None
+    """Owner inside the container, when the spec sets one."""
+    gid: int | None = None
+    """Group inside the container, when the spec sets one."""
+
+
+def host_path_under(dev_root: Path, path: str) -> Path:
+    """``path`` (absolute on the host) seen under ``dev_root``."""
+    return dev_root / path.lstrip("/")
+
+
+def _type_of(mode: int) -> str | None:
+    if stat.S_ISCHR(mode):
+        return "c"
+    if stat.S_ISBLK(mode):
+        return "b"
+    if stat.S_ISFIFO(mode):
+        return "p"
+    return None
+
+
+def resolve_device(node: model.DeviceNode, *, dev_root: Path) -> ResolvedDevice:
+    """Fill in type/major/minor for one node, stat-ing the host when the spec gives no major."""
+    permissions = node.permissions or DEFAULT_PERMISSIONS
+    if node.major:  # non-zero: trust the spec, as the CDI reference does
+        return ResolvedDevice(
+            path=node.path,
+            host_path=node.source,
+            type=node.type or "c",
+            major=node.major,
+            minor=node.minor or 0,
+            permissions=permissions,
+            file_mode=node.file_mode,
+            uid=node.uid,
+            gid=node.gid,
+        )
+    on_host = host_path_under(dev_root, node.source)
+    try:
+        st = on_host.stat()
+    except OSError as e:
+        raise exceptions.DeviceResolutionError(
+            f"while resolving device node {node.path}: cannot stat {on_host} on the host "
+            f"({e.strerror or e}); the CDI spec names a device this worker does not have — "
+            "regenerate the spec on this worker (nvidia-ctk cdi generate)"
+        ) from e
+    kind = _type_of(st.st_mode)
+    if kind is None:
+        raise exceptions.DeviceResolutionError(
+            f"while resolving device node {node.path}: {on_host} is not a device node "
+            f"(mode {stat.filemode(st.st_mode)}); refusing to pass it as a device"
+        )
+    if node.type is not None and node.type != kind and not (node.type == "u" and kind == "c"):
+        raise exceptions.DeviceResolutionError(
+            f"while resolving device node {node.path}: the spec says type {node.type!r} "
+            f"but {on_host} is type {kind!r}"
+        )
+    major, minor = (os.major(st.st_rdev), os.minor(st.st_rdev)) if kind != "p" else (0, 0)
+    return ResolvedDevice(
+        path=node.path,
+        host_path=node.source,
+        type=kind,
+        major=major,
+        minor=minor,
+        permissions=permissions,
+        file_mode=node.file_mode if node.file_mode is not None else stat.S_IMODE(st.st_mode),
+        uid=node.uid,
+        gid=node.gid,
+    )
+
+
+def resolve_device_numbers(
+    nodes: Iterable[model.DeviceNode], *, dev_root: Path = Path("/")
+) -> tuple[ResolvedDevice, ...]:
+    """Resolve every node, deduplicated by container path (first wins), in spec order.
+
+    Raises :class:`~substrate_gpu.exceptions.DeviceResolutionError` on the first node that
+    cannot be resolved; nothing has been written anywhere at that point.
+    """
+    seen: set[str] = set()
+    resolved: list[ResolvedDevice] = []
+    for node in nodes:
+        if node.path in seen:
+            continue
+        seen.add(node.path)
+        resolved.append(resolve_device(node, dev_root=dev_root))
+    return tuple(resolved)
+
+
+def detect_gpus(dev_root: Path = Path("/")) -> tuple[str, ...]:
+    """The worker's GPU nodes (``/dev/nvidia[0-9]*``, any index), as container paths, sorted."""
+    dev = dev_root / "dev"
+    try:
+        names = [p.name for p in dev.iterdir()]
+    except OSError:
+        return ()
+    found = sorted((n for n in names if _GPU_NODE.match(n)), key=lambda n: int(n[6:]))
+    return tuple(f"/dev/{n}" for n in found)
+
+
+def has_gpu(dev_root: Path = Path("/")) -> bool:
+    """True when the worker holds any NVIDIA GPU node (decides ``--nvproxy``)."""
+    return bool(detect_gpus(dev_root))

@@ -1,0 +1,93 @@
+"""The createContainer hook allowlist.
+
+An allowlist, not a denylist: newer toolkits keep adding hooks (``update-ldcache``,
+``disable-device-node-modification``, ``update-application-profile``, ``chmod``, …) and
+a hook we have not reviewed must not run on the host side of a sandbox by default.
+
+Kept:
+
+- ``create-symlinks`` — the ``libcuda.so -> libcuda.so.1``-style development links and
+  ``/dev/dri/by-path`` links; harmless and needed by some images.
+- ``enable-cuda-compat`` — points the image's forward-compat CUDA libraries at the host
+  driver version.
+
+Skipped, with a log line naming each: everything else. ``update-ldcache`` in particular
+runs ldconfig, which unshares a mount namespace and mounts a private /proc: the kernel
+refuses that under the pod's masked /proc, and unmasking it needs a user namespace that
+breaks per-actor cgroup delegation. We stage the SONAME links ourselves instead
+(:mod:`substrate_gpu.rootfs.staging`).
+
+The subcommand's position differs by toolkit version: ``nvidia-ctk hook <name> …``
+(≤ 1.15) and ``nvidia-cdi-hook <name> …`` (≥ 1.16). Kept hooks are rewritten to run the
+toolkit mounted into the worker (``/opt/nvidia-toolkit/nvidia-cdi-hook``), since the
+spec's own path (``/usr/bin/nvidia-cdi-hook``) names the host's layout.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from substrate_gpu.cdi import model
+
+#: The only hook point we run toolkit hooks at.
+HOOK_POINT = "createContainer"
+
+#: Subcommands allowed to run.
+KEPT_SUBCOMMANDS = frozenset({"create-symlinks", "enable-cuda-compat"})
+
+#: The binary kept hooks are rewritten to call.
+HOOK_BINARY_NAME = "nvidia-cdi-hook"
+
+
+@dataclass(frozen=True)
+class HookDecision:
+    """What happens to one hook of the spec."""
+
+    hook: model.Hook
+    """The hook as the spec gives it."""
+    subcommand: str | None
+    """The toolkit subcommand (``create-symlinks``), or ``None`` if not a toolkit hook."""
+    verdict: Literal["keep", "skip"]
+    """Whether it is injected."""
+    reason: str
+    """Why, for the skip log."""
+
+    @property
+    def name(self) -> str:
+        """A bounded, loggable name: the subcommand, else the executable's basename."""
+        return self.subcommand or posixpath.basename(self.hook.path) or "unknown"
+
+
+def hook_subcommand(hook: model.Hook) -> str | None:
+    """The toolkit subcommand a hook runs, for both argv shapes; ``None`` if it is not one."""
+    args = hook.args or (hook.path,)
+    program = posixpath.basename(args[0]) if args else ""
+    if program.startswith("nvidia-ctk"):
+        # nvidia-ctk hook <name> …
+        return args[2] if len(args) > 2 and args[1] == "hook" else None
+    if program.startswith(HOOK_BINARY_NAME):
+        return args[1] if len(args) > 1 else None
+    return None
+
+
+def classify_hook(hook: model.Hook) -> HookDecision:
+    """Decide whether ``hook`` is kept, and why."""
+    subcommand = hook_subcommand(hook)
+    if hook.hook_name != HOOK_POINT:
+        return HookDecision(hook, subcommand, "skip", f"hook point {hook.hook_name} is not run")
+    if subcommand is None:
+        return HookDecision(hook, None, "skip", "not an NVIDIA toolkit hook")
+    if subcommand not in KEPT_SUBCOMMANDS:
+        return HookDecision(hook, subcommand, "skip", "not in the hook allowlist")
+    return HookDecision(hook, subcommand, "keep", "allowlisted")
+
+
+def rewrite_hook(hook: model.Hook, subcommand: str, hook_binary: str) -> model.Hook:
+    """The hook re-pointed at the mounted toolkit's ``nvidia-cdi-hook``, same arguments."""
+    args = hook.args or (hook.path,)
+    program = posixpath.basename(args[0])
+    rest = args[3:] if program.startswith("nvidia-ctk") else args[2:]
+    return replace(hook, path=hook_binary, args=(HOOK_BINARY_NAME, subcommand, *rest))

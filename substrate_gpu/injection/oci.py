@@ -1,0 +1,301 @@
+"""CDI edits → OCI config: the pure core of GPU injection.
+
+Everything here is a function on plain data: :func:`plan_injection` turns the merged CDI
+edits plus the resolved device numbers into an :class:`InjectionPlan`, and
+:func:`apply_plan` returns a *new* OCI config with the plan applied (the input is never
+mutated). Reading and writing the bundle lives in :mod:`substrate_gpu.injection.bundle`.
+
+Each rule and its reason (see docs/gpu-injection.md):
+
+- Devices go to ``linux.devices`` **and** get a matching cgroup allow rule in
+  ``linux.resources.devices``; without the rule the actor sees the node and gets EPERM.
+- Mounts are copied as given (type defaults to ``bind``), then all mounts are stably
+  ordered by destination depth, as the CDI reference does, so a parent directory is
+  mounted before anything below it.
+- Every ``NVIDIA_VISIBLE_DEVICES=`` entry is dropped, the image's and the spec's alike:
+  with it set, runsc runs nvidia-container-cli itself and injects a second time.
+- The driver library directory is prepended to ``LD_LIBRARY_PATH`` exactly once, keeping
+  the image's value after it: CDI never sets it, and an image that overrides it would see
+  0 CUDA devices. Exactly one ``LD_LIBRARY_PATH=`` entry remains (in OCI a later entry wins,
+  so two entries would silently drop ours).
+- Hooks go through the allowlist of :mod:`substrate_gpu.injection.hooks`.
+"""
+
+from __future__ import annotations
+
+import copy
+import posixpath
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from substrate_gpu import exceptions
+from substrate_gpu.injection import hooks as hooks_
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from substrate_gpu.cdi import model
+    from substrate_gpu.injection.devices import ResolvedDevice
+
+#: An OCI runtime config (config.json) as parsed JSON.
+OciConfig = dict[str, object]
+
+_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+_LD_LIBRARY_PATH = "LD_LIBRARY_PATH"
+
+#: Annotations that mark the pod sandbox ("pause") container, which never gets a GPU.
+SANDBOX_CONTAINER_ANNOTATIONS = {
+    "io.kubernetes.cri.container-type": "sandbox",  # containerd
+    "io.kubernetes.cri-o.ContainerType": "sandbox",  # CRI-O
+    "dev.gvisor.spec.container-type": "sandbox",  # gVisor's own marker
+}
+
+
+@dataclass(frozen=True)
+class InjectionPlan:
+    """Everything one GPU injection adds to an OCI config."""
+
+    devices: tuple[ResolvedDevice, ...]
+    """Device nodes with their numbers, deduplicated, in spec order."""
+    mounts: tuple[model.Mount, ...]
+    """Mounts, deduplicated by destination, in spec order."""
+    env: tuple[str, ...]
+    """The spec's env entries, without ``NVIDIA_VISIBLE_DEVICES``."""
+    driver_library_dir: str | None
+    """Container directory prepended to ``LD_LIBRARY_PATH`` (``None``: leave it alone)."""
+    hooks: tuple[model.Hook, ...]
+    """Allowlisted createContainer hooks, rewritten to the mounted toolkit."""
+    skipped_hooks: tuple[hooks_.HookDecision, ...]
+    """Hooks left out, with the reason (each is logged by name)."""
+    additional_gids: tuple[int, ...]
+    """Supplementary groups for the actor's process."""
+
+    @property
+    def libraries(self) -> tuple[tuple[str, str], ...]:
+        """(host path, container path) of mounted files whose name contains ``.so.``."""
+        return tuple(
+            (m.host_path, m.container_path)
+            for m in self.mounts
+            if ".so." in posixpath.basename(m.container_path)
+        )
+
+
+def env_key(entry: str) -> str:
+    """The variable name of a ``KEY=VALUE`` entry."""
+    return entry.partition("=")[0]
+
+
+def driver_library_dir(edits: model.ContainerEdits, driver_root: str) -> str | None:
+    """The container path of ``<driver-root>/lib64``, as the spec mounts it.
+
+    nvidia-ctk may mount the driver's libraries at another path than the host's (with a
+    driver root it strips the prefix), so we look at where the spec puts them: first the
+    directory of the mounted ``libcuda.so.*``, then of any mount from ``<driver-root>/lib64``.
+    ``None`` when the spec mounts no driver library (nothing to point the loader at).
+    """
+    lib64 = posixpath.join(driver_root, "lib64")
+    for mount in edits.mounts:
+        if posixpath.basename(mount.container_path).startswith("libcuda.so."):
+            return posixpath.dirname(mount.container_path)
+    for mount in edits.mounts:
+        if posixpath.dirname(mount.host_path) == lib64:
+            return posixpath.dirname(mount.container_path)
+    return None
+
+
+def plan_injection(
+    edits: model.ContainerEdits,
+    devices: tuple[ResolvedDevice, ...],
+    *,
+    driver_root: str,
+    hook_binary: str,
+) -> InjectionPlan:
+    """Decide what to inject; pure."""
+    mounts: list[model.Mount] = []
+    destinations: set[str] = set()
+    for mount in edits.mounts:
+        if mount.container_path not in destinations:
+            destinations.add(mount.container_path)
+            mounts.append(mount)
+    kept: list[model.Hook] = []
+    skipped: list[hooks_.HookDecision] = []
+    for hook in edits.hooks:
+        decision = hooks_.classify_hook(hook)
+        if decision.verdict == "keep" and decision.subcommand is not None:
+            kept.append(hooks_.rewrite_hook(hook, decision.subcommand, hook_binary))
+        else:
+            skipped.append(decision)
+    return InjectionPlan(
+        devices=devices,
+        mounts=tuple(mounts),
+        env=tuple(e for e in edits.env if env_key(e) != _VISIBLE_DEVICES),
+        driver_library_dir=driver_library_dir(edits, driver_root),
+        hooks=tuple(kept),
+        skipped_hooks=tuple(skipped),
+        additional_gids=edits.additional_gids,
+    )
+
+
+# --- reading the OCI config without trusting it -------------------------------------------
+
+
+def _child(parent: dict[str, object], key: str, where: str) -> dict[str, object]:
+    value = parent.setdefault(key, {})
+    if not isinstance(value, dict):
+        raise exceptions.InjectionError(
+            f"while injecting GPUs: config.json {where}.{key} is {type(value).__name__}, "
+            "expected an object"
+        )
+    return value
+
+
+def _list(parent: dict[str, object], key: str, where: str) -> list[object]:
+    value = parent.get(key)
+    if value is None:
+        value = []
+        parent[key] = value
+    if not isinstance(value, list):
+        raise exceptions.InjectionError(
+            f"while injecting GPUs: config.json {where}.{key} is {type(value).__name__}, "
+            "expected a list"
+        )
+    return value
+
+
+def _existing_device_paths(config: OciConfig) -> set[str]:
+    linux = config.get("linux")
+    devices = linux.get("devices") if isinstance(linux, dict) else None
+    if not isinstance(devices, list):
+        return set()
+    return {str(d.get("path")) for d in devices if isinstance(d, dict)}
+
+
+def already_injected(config: OciConfig, plan: InjectionPlan) -> bool:
+    """True when the bundle already holds every device node the plan would add.
+
+    The node agent re-unpacks bundles before each run/restore, but that invariant lives
+    elsewhere; this guard keeps a second injection from doubling anything.
+    """
+    return bool(plan.devices) and {d.path for d in plan.devices} <= _existing_device_paths(
+        config
+    )
+
+
+def is_sandbox_container(config: OciConfig) -> bool:
+    """True for the pod's pause/root container, which must never get a GPU."""
+    annotations = config.get("annotations")
+    if not isinstance(annotations, dict):
+        return False
+    return any(annotations.get(k) == v for k, v in SANDBOX_CONTAINER_ANNOTATIONS.items())
+
+
+def _merge_ld_library_path(env: list[str], driver_dir: str) -> list[str]:
+    existing = [e for e in env if env_key(e) == _LD_LIBRARY_PATH]
+    current = existing[-1].partition("=")[2] if existing else ""
+    parts = [p for p in current.split(":") if p and p != driver_dir]
+    merged = ":".join([driver_dir, *parts])
+    return [e for e in env if env_key(e) != _LD_LIBRARY_PATH] + [f"{_LD_LIBRARY_PATH}={merged}"]
+
+
+def merge_env(image_env: Iterable[str], plan: InjectionPlan) -> list[str]:
+    """The actor's env after injection (see the module docstring for the rules)."""
+    spec_keys = {env_key(e) for e in plan.env}
+    env = [
+        e for e in image_env if env_key(e) != _VISIBLE_DEVICES and env_key(e) not in spec_keys
+    ]
+    env.extend(plan.env)
+    if plan.driver_library_dir is not None:
+        env = _merge_ld_library_path(env, plan.driver_library_dir)
+    return env
+
+
+def _device_entry(device: ResolvedDevice) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "path": device.path,
+        "type": device.type,
+        "major": device.major,
+        "minor": device.minor,
+    }
+    if device.file_mode is not None:
+        entry["fileMode"] = device.file_mode
+    if device.uid is not None:
+        entry["uid"] = device.uid
+    if device.gid is not None:
+        entry["gid"] = device.gid
+    return entry
+
+
+def _cgroup_rule(device: ResolvedDevice) -> dict[str, object]:
+    return {
+        "allow": True,
+        "type": device.type,
+        "major": device.major,
+        "minor": device.minor,
+        "access": device.permissions,
+    }
+
+
+def _mount_entry(mount: model.Mount) -> dict[str, object]:
+    return {
+        "destination": mount.container_path,
+        "type": mount.type or "bind",
+        "source": mount.host_path,
+        "options": list(mount.options),
+    }
+
+
+def _hook_entry(hook: model.Hook) -> dict[str, object]:
+    entry: dict[str, object] = {"path": hook.path, "args": list(hook.args)}
+    if hook.env:
+        entry["env"] = list(hook.env)
+    if hook.timeout is not None:
+        entry["timeout"] = hook.timeout
+    return entry
+
+
+def _depth(mount: object) -> int:
+    destination = mount.get("destination") if isinstance(mount, dict) else None
+    return len([p for p in str(destination or "").split("/") if p])
+
+
+def apply_plan(config: OciConfig, plan: InjectionPlan) -> OciConfig:
+    """A new OCI config with ``plan`` applied; ``config`` is not modified.
+
+    Entries already present (same device path, identical rule, mount destination, hook)
+    are not added twice. Raises :class:`~substrate_gpu.exceptions.InjectionError` when the
+    config has the wrong shape where we must write.
+    """
+    result = copy.deepcopy(config)
+    linux = _child(result, "linux", "")
+    devices = _list(linux, "devices", ".linux")
+    present = {d.get("path") for d in devices if isinstance(d, dict)}
+    devices.extend(_device_entry(d) for d in plan.devices if d.path not in present)
+
+    rules = _list(_child(linux, "resources", ".linux"), "devices", ".linux.resources")
+    for device in plan.devices:
+        rule = _cgroup_rule(device)
+        if rule not in rules:
+            rules.append(rule)
+
+    if plan.mounts:
+        mounts = _list(result, "mounts", "")
+        taken = {m.get("destination") for m in mounts if isinstance(m, dict)}
+        mounts.extend(_mount_entry(m) for m in plan.mounts if m.container_path not in taken)
+        mounts.sort(key=_depth)  # stable: equal depths keep their order
+
+    process = _child(result, "process", "")
+    image_env = [str(e) for e in _list(process, "env", ".process")]
+    process["env"] = merge_env(image_env, plan)
+
+    if plan.additional_gids:
+        user = _child(process, "user", ".process")
+        gids = _list(user, "additionalGids", ".process.user")
+        gids.extend(g for g in plan.additional_gids if g not in gids)
+
+    if plan.hooks:
+        hook_list = _list(_child(result, "hooks", ""), hooks_.HOOK_POINT, ".hooks")
+        for hook in plan.hooks:
+            entry = _hook_entry(hook)
+            if entry not in hook_list:
+                hook_list.append(entry)
+    return result

@@ -1,0 +1,211 @@
+"""Building a simulated GPU node in a directory.
+
+Layout (``root`` plays the host's ``/`` for ``--dev-root``)::
+
+    root/dev/nvidia0…N, nvidiactl, nvidia-uvm, nvidia-uvm-tools   char devices (mknod)
+    root/usr/local/nvidia/lib64/lib*.so.<version>                real ELF shared objects
+    root/usr/local/nvidia/bin/nvidia-smi                          a tiny script
+    root/opt/nvidia-toolkit/nvidia-ctk (+ .real), nvidia-cdi-hook  the toolkit stand-ins
+
+Device nodes use NVIDIA's real numbers (195 for ``nvidiaN`` and ``nvidiactl``; a dynamic
+major for ``nvidia-uvm``), so opening one in a container passes the cgroup and then fails
+with ENXIO, exactly as on a node whose driver is not loaded. Creating them needs root;
+without it they are symlinks to ``/dev/null`` (a real char device, 1:3), which keeps
+every code path real at the cost of distinct numbers.
+
+Libraries are built with the system C compiler (``cc``/``gcc``) so they carry real
+``DT_SONAME`` entries; one object file is compiled and linked once per SONAME.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from substrate_gpu import exceptions
+
+NVIDIA_MAJOR = 195
+NVIDIACTL_MINOR = 255
+UVM_MAJOR = 235  # dynamic on real nodes; unused by any driver on a test machine
+
+#: (file name pattern, SONAME pattern); ``{v}`` is the driver version. Mirrors a real
+#: driver: most libraries have a ``.so.1`` SONAME, a few are their own SONAME.
+DEFAULT_LIBRARIES: tuple[tuple[str, str], ...] = (
+    ("libcuda.so.{v}", "libcuda.so.1"),
+    ("libcudadebugger.so.{v}", "libcudadebugger.so.1"),
+    ("libnvidia-ml.so.{v}", "libnvidia-ml.so.1"),
+    ("libnvidia-ptxjitcompiler.so.{v}", "libnvidia-ptxjitcompiler.so.1"),
+    ("libnvidia-nvvm.so.{v}", "libnvidia-nvvm.so.4"),
+    ("libnvidia-opencl.so.{v}", "libnvidia-opencl.so.1"),
+    ("libnvidia-allocator.so.{v}", "libnvidia-allocator.so.1"),
+    ("libnvidia-cfg.so.{v}", "libnvidia-cfg.so.1"),
+    ("libnvidia-gpucomp.so.{v}", "libnvidia-gpucomp.so.{v}"),
+    ("libnvidia-tls.so.{v}", "libnvidia-tls.so.{v}"),
+)
+
+_LIBRARY_SOURCE = """
+const char *substrate_gpu_sim_library(void) { return SIM_SONAME; }
+"""
+
+
+@dataclass(frozen=True)
+class SimulatedNode:
+    """A node tree built by :func:`build_node`."""
+
+    root: Path
+    """Plays the host's ``/`` (pass as ``dev_root``)."""
+    driver_root: Path
+    """``root/usr/local/nvidia``."""
+    toolkit_dir: Path
+    """``root/opt/nvidia-toolkit`` (the worker's mounted toolkit)."""
+    gpus: tuple[int, ...]
+    """GPU indices present as ``dev/nvidiaN``."""
+    driver_version: str
+    """The simulated driver version."""
+    real_device_nodes: bool
+    """True when device nodes are real mknod char devices."""
+
+    @property
+    def lib64(self) -> Path:
+        """The driver library directory."""
+        return self.driver_root / "lib64"
+
+    @property
+    def hook_log(self) -> Path:
+        """Where the nvidia-cdi-hook stand-in records its invocations."""
+        return self.toolkit_dir / "hook-invocations.jsonl"
+
+
+def find_compiler() -> str:
+    """The C compiler used to build libraries; a clear error when there is none."""
+    for name in ("cc", "gcc"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise exceptions.ConfigError(
+        "while building a simulated GPU node: no C compiler (cc or gcc) on PATH; "
+        "install gcc to build the simulated driver libraries"
+    )
+
+
+def build_libraries(
+    directory: Path, libraries: tuple[tuple[str, str], ...], *, version: str
+) -> list[Path]:
+    """Build real ELF shared objects with the given file names and SONAMEs."""
+    compiler = find_compiler()
+    directory.mkdir(parents=True, exist_ok=True)
+    built: list[Path] = []
+    with tempfile.TemporaryDirectory(prefix="substrate-gpu-cc-") as tmp:
+        source = Path(tmp) / "lib.c"
+        source.write_text(_LIBRARY_SOURCE)
+        objects: dict[str, Path] = {}
+        for name_pattern, soname_pattern in libraries:
+            name, soname = name_pattern.format(v=version), soname_pattern.format(v=version)
+            obj = objects.get(soname)
+            if obj is None:
+                obj = Path(tmp) / f"{len(objects)}.o"
+                _run(
+                    [
+                        compiler,
+                        "-c",
+                        "-fPIC",
+                        f'-DSIM_SONAME="{soname}"',
+                        "-o",
+                        str(obj),
+                        str(source),
+                    ]
+                )
+                objects[soname] = obj
+            out = directory / name
+            _run([compiler, "-shared", f"-Wl,-soname,{soname}", "-o", str(out), str(obj)])
+            built.append(out)
+    return built
+
+
+def _run(argv: list[str]) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise exceptions.ConfigError(
+            f"while building a simulated GPU node: {' '.join(argv)} failed: {result.stderr.strip()}"
+        )
+
+
+def _make_device(path: Path, major: int, minor: int, *, real: bool) -> None:
+    if real:
+        os.mknod(path, 0o666 | 0o020000, os.makedev(major, minor))  # S_IFCHR
+        path.chmod(0o666)
+    else:
+        path.symlink_to("/dev/null")
+
+
+def _write_script(path: Path, body: str) -> None:
+    path.write_text(body)
+    path.chmod(0o755)
+
+
+def install_toolkit_standins(toolkit_dir: Path) -> None:
+    """Install ``nvidia-ctk`` (a wrapper script), ``nvidia-ctk.real`` and ``nvidia-cdi-hook``.
+
+    The wrapper mirrors the real packaging, where ``nvidia-ctk`` is a shell wrapper around
+    ``nvidia-ctk.real``; the ``.real`` files run the Python stand-ins with this interpreter.
+    """
+    toolkit_dir.mkdir(parents=True, exist_ok=True)
+    prelude = (
+        "#!/bin/sh\n"
+        f"PYTHONPATH={Path(__file__).resolve().parents[2]}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+        "export PYTHONPATH\n"
+    )
+    run = f"exec {sys.executable} -m substrate_gpu.simulation"
+    log = toolkit_dir / "hook-invocations.jsonl"
+    _write_script(toolkit_dir / "nvidia-ctk.real", f'{prelude}{run}.nvidia_ctk "$@"\n')
+    _write_script(
+        toolkit_dir / "nvidia-cdi-hook.real",
+        f"{prelude}export NVIDIA_CDI_HOOK_STANDIN_LOG=${{NVIDIA_CDI_HOOK_STANDIN_LOG:-{log}}}\n"
+        f'{run}.nvidia_cdi_hook "$0" "$@"\n',
+    )
+    for name in ("nvidia-ctk", "nvidia-cdi-hook"):
+        real = toolkit_dir / f"{name}.real"
+        _write_script(toolkit_dir / name, f'#!/bin/sh\n# packaging wrapper\nexec "{real}" "$@"\n')
+
+
+def build_node(
+    root: Path,
+    *,
+    gpus: tuple[int, ...] = (0,),
+    driver_version: str = "580.65.06",
+    libraries: tuple[tuple[str, str], ...] = DEFAULT_LIBRARIES,
+    real_device_nodes: bool | None = None,
+) -> SimulatedNode:
+    """Create a simulated GPU node under ``root`` (which must be empty or absent)."""
+    real = os.geteuid() == 0 if real_device_nodes is None else real_device_nodes
+    dev = root / "dev"
+    dev.mkdir(parents=True, exist_ok=True)
+    for index in gpus:
+        _make_device(dev / f"nvidia{index}", NVIDIA_MAJOR, index, real=real)
+    _make_device(dev / "nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR, real=real)
+    _make_device(dev / "nvidia-uvm", UVM_MAJOR, 0, real=real)
+    _make_device(dev / "nvidia-uvm-tools", UVM_MAJOR, 1, real=real)
+
+    driver_root = root / "usr/local/nvidia"
+    build_libraries(driver_root / "lib64", libraries, version=driver_version)
+    bin_dir = driver_root / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    _write_script(
+        bin_dir / "nvidia-smi",
+        f"#!/bin/sh\necho 'NVIDIA-SMI {driver_version} (simulated node: no GPU attached)'\n",
+    )
+    toolkit_dir = root / "opt/nvidia-toolkit"
+    install_toolkit_standins(toolkit_dir)
+    return SimulatedNode(
+        root=root,
+        driver_root=driver_root,
+        toolkit_dir=toolkit_dir,
+        gpus=tuple(gpus),
+        driver_version=driver_version,
+        real_device_nodes=real,
+    )

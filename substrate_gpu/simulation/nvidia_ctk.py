@@ -1,0 +1,226 @@
+"""A stand-in for ``nvidia-ctk cdi generate`` (NVIDIA Container Toolkit 1.20 shape).
+
+It implements the subset of the real CLI that substrate-gpu calls::
+
+    nvidia-ctk cdi generate [--format=json|yaml] [--library-search-path=DIR]...
+                            [--output=FILE] [--dev-root=DIR] [--nvidia-cdi-hook-path=P]
+
+and discovers the node the way the real tool does, minus NVML: GPUs are the
+``<dev-root>/dev/nvidia[0-9]*`` nodes, control nodes ``nvidiactl``/``nvidia-uvm``/
+``nvidia-uvm-tools``; libraries are the ``*.so.*`` files of the library search path; the
+driver version is the suffix of ``libcuda.so.<version>``; tools (nvidia-smi, …) are looked
+up on ``PATH``. Output follows toolkit 1.20: devices ``<index>``, ``GPU-<uuid>`` and
+``all``; device nodes carry major/minor/fileMode when they are real device nodes; the five
+default createContainer hooks; compact JSON (``json.Marshal``) without a trailing newline,
+or the ``---``-headed, 4-space-indented YAML.
+
+Simulation knobs (environment): ``NVIDIA_CTK_STANDIN_SYSTEM_ROOT`` is the directory the
+stand-in treats as the machine's ``/`` when discovering devices (a simulated node);
+``NVIDIA_CTK_STANDIN_VERSION`` (default 1.20.0) below 1.19 omits device numbers, as older
+toolkits did.
+
+Failure modes reproduced: no ``libnvidia-ml.so.*`` found (the real tool fails to load
+NVML), no ``nvidiactl``, and — for timeout tests — ``NVIDIA_CTK_STANDIN_HANG=1`` makes it
+hang with a grandchild process, like a wrapper script would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TOOLS = (
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-smi",
+)
+MOUNT_OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
+HOOK_ENV = ["NVIDIA_CTK_DEBUG=false"]
+_GPU = re.compile(r"^nvidia([0-9]+)$")
+
+
+def _fail(message: str) -> int:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ")
+    print(f'time="{stamp}" level=error msg="{message}"', file=sys.stderr)
+    return 1
+
+
+def _version() -> tuple[int, ...]:
+    raw = os.environ.get("NVIDIA_CTK_STANDIN_VERSION", "1.20.0")
+    return tuple(int(p) for p in raw.split(".")[:3])
+
+
+def _node(system_root: Path, dev_root: Path, name: str) -> dict[str, object] | None:
+    host = system_root / dev_root.relative_to("/") / "dev" / name
+    try:
+        st = host.stat()
+    except OSError:
+        return None
+    node: dict[str, object] = {"path": f"/dev/{name}"}
+    if str(dev_root) != "/":
+        node["hostPath"] = str(dev_root / "dev" / name)
+    if stat.S_ISCHR(st.st_mode) and _version() >= (1, 19):
+        node["major"] = os.major(st.st_rdev)
+        if os.minor(st.st_rdev):
+            node["minor"] = os.minor(st.st_rdev)
+        node["fileMode"] = stat.S_IMODE(st.st_mode)
+        node["permissions"] = "rwm"
+    return node
+
+
+def _uuid(dev_root: Path, index: int) -> str:
+    digest = hashlib.sha256(f"{dev_root.resolve()}:{index}".encode()).hexdigest()
+    return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+def _hook(hook_path: str, *args: str) -> dict[str, object]:
+    return {
+        "hookName": "createContainer",
+        "path": hook_path,
+        "args": ["nvidia-cdi-hook", *args],
+        "env": HOOK_ENV,
+    }
+
+
+def build_spec(
+    *,
+    system_root: Path,
+    dev_root: Path,
+    library_dirs: list[Path],
+    hook_path: str,
+    path_env: str,
+) -> dict[str, object]:
+    """The spec the real 1.20 toolkit would write for this node."""
+    try:
+        names = sorted(p.name for p in (system_root / dev_root.relative_to("/") / "dev").iterdir())
+    except OSError:
+        names = []
+    gpus = sorted(int(m.group(1)) for n in names if (m := _GPU.match(n)))
+    libraries = sorted(
+        p for d in library_dirs if d.is_dir() for p in d.iterdir() if ".so." in p.name
+    )
+    if not any(p.name.startswith("libnvidia-ml.so.") for p in libraries):
+        raise LookupError(
+            "failed to generate CDI spec: failed to create device CDI specs: "
+            "failed to initialize NVML: ERROR_LIBRARY_NOT_FOUND"
+        )
+    control = [
+        n
+        for c in ("nvidia-uvm", "nvidia-uvm-tools", "nvidiactl")
+        if (n := _node(system_root, dev_root, c))
+    ]
+    if not any(n["path"] == "/dev/nvidiactl" for n in control):
+        raise LookupError(
+            "failed to generate CDI spec: failed to initialize NVML: ERROR_DRIVER_NOT_LOADED"
+        )
+    libcuda = next((p for p in libraries if p.name.startswith("libcuda.so.")), None)
+    version = libcuda.name.removeprefix("libcuda.so.") if libcuda else "unknown"
+    libdir = str(libcuda.parent) if libcuda else str(library_dirs[0])
+
+    devices: list[dict[str, object]] = []
+    all_nodes: list[dict[str, object]] = []
+    for index in gpus:
+        node = _node(system_root, dev_root, f"nvidia{index}")
+        if node is None:
+            continue
+        all_nodes.append(node)
+        edits = {"deviceNodes": [node]}
+        devices.append({"name": str(index), "containerEdits": edits})
+        devices.append({"name": _uuid(dev_root, index), "containerEdits": edits})
+    devices.append({"name": "all", "containerEdits": {"deviceNodes": all_nodes}})
+
+    mounts: list[dict[str, object]] = []
+    for tool in TOOLS:
+        found = shutil.which(tool, path=path_env)
+        if found:
+            mounts.append(
+                {"hostPath": found, "containerPath": f"/usr/bin/{tool}", "options": MOUNT_OPTIONS}
+            )
+    mounts.extend(
+        {"hostPath": str(lib), "containerPath": str(lib), "options": MOUNT_OPTIONS}
+        for lib in libraries
+    )
+    hooks = [
+        _hook(hook_path, "create-symlinks", "--link", f"libcuda.so.1::{libdir}/libcuda.so"),
+        _hook(hook_path, "enable-cuda-compat", f"--host-driver-version={version}"),
+        _hook(hook_path, "update-ldcache", "--folder", libdir),
+        _hook(hook_path, "disable-device-node-modification"),
+        _hook(hook_path, "update-application-profile"),
+    ]
+    return {
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": devices,
+        "containerEdits": {
+            "env": [f"NVIDIA_CTK_LIBCUDA_DIR={libdir}", "NVIDIA_VISIBLE_DEVICES=void"],
+            "deviceNodes": control,
+            "hooks": hooks,
+            "mounts": mounts,
+        },
+    }
+
+
+def _yaml(spec: dict[str, object]) -> str:
+    import yaml  # noqa: PLC0415  (YAML output only)
+
+    class _NoAliases(yaml.SafeDumper):
+        def ignore_aliases(self, data: object) -> bool:
+            return True
+
+    body = yaml.dump(spec, Dumper=_NoAliases, sort_keys=False, indent=4, width=1 << 16)
+    return "---\n" + body
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; exit codes follow the real tool (0 ok, 1 failure)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get("NVIDIA_CTK_STANDIN_HANG") == "1":
+        subprocess.Popen(["sleep", "3600"])  # a grandchild, as under a wrapper script
+        time.sleep(3600)
+    if args[:1] == ["--version"]:
+        version = ".".join(map(str, _version()))
+        print(f"NVIDIA Container Toolkit CLI version {version}\ncommit: standin")
+        return 0
+    if args[:2] != ["cdi", "generate"]:
+        return _fail(f"unsupported command: {' '.join(args)} (stand-in implements 'cdi generate')")
+    parser = argparse.ArgumentParser(prog="nvidia-ctk cdi generate", add_help=False)
+    parser.add_argument("--format", default="yaml", choices=["json", "yaml"])
+    parser.add_argument("--library-search-path", action="append", default=[])
+    parser.add_argument("--output", default="")
+    parser.add_argument("--dev-root", default="/")
+    parser.add_argument("--driver-root", default="/")
+    parser.add_argument("--nvidia-cdi-hook-path", default="/usr/bin/nvidia-cdi-hook")
+    opts, unknown = parser.parse_known_args(args[2:])
+    if unknown:
+        return _fail(f"flag provided but not defined: {unknown[0]}")
+    try:
+        spec = build_spec(
+            system_root=Path(os.environ.get("NVIDIA_CTK_STANDIN_SYSTEM_ROOT", "/")),
+            dev_root=Path(opts.dev_root),
+            library_dirs=[Path(p) for p in opts.library_search_path],
+            hook_path=opts.nvidia_cdi_hook_path,
+            path_env=os.environ.get("PATH", ""),
+        )
+    except LookupError as e:
+        return _fail(str(e))
+    text = json.dumps(spec, separators=(",", ":")) if opts.format == "json" else _yaml(spec)
+    if opts.output:
+        Path(opts.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
