@@ -1,0 +1,144 @@
+"""Injecting into a bundle on disk: idempotency, crash safety, atomicity, file mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from substrate_gpu import exceptions
+from substrate_gpu.cdi import model
+from substrate_gpu.injection import bundle as bundle_
+from substrate_gpu.rootfs import SonameCache
+from substrate_gpu.simulation import bundles
+
+
+@pytest.fixture
+def options(gpu_node) -> bundle_.InjectionOptions:
+    return bundle_.InjectionOptions(
+        driver_root=str(gpu_node.driver_root),
+        dev_root=gpu_node.root,
+        toolkit_dir=gpu_node.toolkit_dir,
+    )
+
+
+@pytest.fixture
+def actor_bundle(tmp_path) -> Path:
+    return bundles.make_bundle(tmp_path / "bundle", ["true"], env=["PATH=/bin"])
+
+
+def inject(bundle: Path, edits: model.ContainerEdits, options) -> bundle_.InjectionReport:
+    return bundle_.inject_gpu(bundle, edits, options=options, soname_cache=SonameCache())
+
+
+def test_second_injection_leaves_config_byte_identical(actor_bundle, node_edits, options):
+    """A second injection changes not a byte of config.json (and says so)."""
+    inject(actor_bundle, node_edits, options)
+    first = (actor_bundle / "config.json").read_bytes()
+    report = inject(actor_bundle, node_edits, options)
+    assert report.outcome == "already-injected"
+    assert (actor_bundle / "config.json").read_bytes() == first
+
+
+def test_failure_midway_leaves_config_untouched(actor_bundle, gpu_node, node_edits, options):
+    """With the third device node missing on the host, config.json is not touched at all."""
+    before = (actor_bundle / "config.json").read_bytes()
+    nodes = list(node_edits.device_nodes)
+    nodes.insert(2, model.DeviceNode("/dev/nvidia7"))  # unset numbers: must be stat-ed; absent
+    broken = model.ContainerEdits(device_nodes=tuple(nodes), mounts=node_edits.mounts)
+    with pytest.raises(exceptions.DeviceResolutionError, match="/dev/nvidia7"):
+        inject(actor_bundle, broken, options)
+    assert (actor_bundle / "config.json").read_bytes() == before
+    assert sorted(p.name for p in actor_bundle.iterdir()) == ["config.json", "rootfs"]
+
+
+def test_file_mode_is_kept(actor_bundle, node_edits, options):
+    """The atomic rewrite keeps config.json's original permission bits."""
+    (actor_bundle / "config.json").chmod(0o600)
+    inject(actor_bundle, node_edits, options)
+    assert stat.S_IMODE((actor_bundle / "config.json").stat().st_mode) == 0o600
+
+
+def test_write_failure_leaves_old_config_and_no_temp_file(
+    actor_bundle, node_edits, options, monkeypatch
+):
+    """If the rename fails, the old config.json stays and no temp file is left behind."""
+    before = (actor_bundle / "config.json").read_bytes()
+
+    def failing_replace(self, target):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "replace", failing_replace)
+    with pytest.raises(exceptions.InjectionError, match="previous config.json is intact"):
+        inject(actor_bundle, node_edits, options)
+    monkeypatch.undo()
+    assert (actor_bundle / "config.json").read_bytes() == before
+    assert sorted(p.name for p in actor_bundle.iterdir()) == ["config.json", "rootfs"]
+
+
+def test_pause_container_is_never_injected(tmp_path, node_edits, options):
+    """The pod sandbox container keeps its config untouched."""
+    bundle = bundles.make_bundle(
+        tmp_path / "pause", ["pause"], annotations={"io.kubernetes.cri.container-type": "sandbox"}
+    )
+    before = (bundle / "config.json").read_bytes()
+    assert inject(bundle, node_edits, options).outcome == "sandbox-container"
+    assert (bundle / "config.json").read_bytes() == before
+
+
+def test_soname_links_are_staged_in_the_rootfs(actor_bundle, gpu_node, node_edits, options):
+    """Each versioned driver library gets its SONAME link beside the mount destination."""
+    report = inject(actor_bundle, node_edits, options)
+    assert report.links is not None
+    libdir = actor_bundle / "rootfs" / str(gpu_node.lib64).lstrip("/")
+    assert os.readlink(libdir / "libcuda.so.1") == "libcuda.so.580.65.06"
+    assert os.readlink(libdir / "libnvidia-nvvm.so.4") == "libnvidia-nvvm.so.580.65.06"
+    # A library that is its own SONAME gets no link.
+    assert not (libdir / "libnvidia-tls.so.580.65.06").is_symlink()
+
+
+def test_edits_without_device_nodes_are_refused(actor_bundle, options):
+    """Edits that resolve no device node are an error, not a silent no-op."""
+    with pytest.raises(exceptions.InjectionError, match="no device node"):
+        inject(actor_bundle, model.ContainerEdits(env=("A=1",)), options)
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        pytest.param(b"{not json", "not valid JSON", id="torn"),
+        pytest.param(b"[]", "not a JSON object", id="array"),
+    ],
+)
+def test_unreadable_config_is_a_clear_error(tmp_path, node_edits, options, content, problem):
+    """A broken config.json is refused with the file named."""
+    (tmp_path / "config.json").write_bytes(content)
+    with pytest.raises(exceptions.InjectionError, match=problem):
+        inject(tmp_path, node_edits, options)
+
+
+def test_missing_config_is_a_clear_error(tmp_path, node_edits, options):
+    """A bundle without config.json is refused with the path."""
+    with pytest.raises(exceptions.InjectionError, match="config.json"):
+        inject(tmp_path, node_edits, options)
+
+
+def test_older_toolkit_spec_resolves_numbers_from_the_host(
+    require_root, gpu_node, tmp_path, actor_bundle, options
+):
+    """A toolkit ≤ 1.18 spec (no numbers) gets the host's numbers, not 0:0."""
+    from support.gpu_nodes import generate_spec
+
+    from substrate_gpu import cdi
+
+    spec = generate_spec(gpu_node, tmp_path / "cdi", toolkit_version="1.17.8")
+    edits = cdi.edits_for_all(spec)
+    assert all(n.major is None for n in edits.device_nodes)
+    inject(actor_bundle, edits, options)
+    config = json.loads((actor_bundle / "config.json").read_text())
+    numbers = {d["path"]: (d["major"], d["minor"]) for d in config["linux"]["devices"]}
+    assert numbers["/dev/nvidia0"] == (195, 0)
+    assert numbers["/dev/nvidiactl"] == (195, 255)
