@@ -122,8 +122,11 @@ def rootfs_of(bundle: Path, config: oci.OciConfig) -> Path:
 
 
 def encode_config(config: oci.OciConfig) -> bytes:
-    """config.json bytes as we write them."""
-    return json.dumps(config, indent=2).encode() + b"\n"
+    """config.json bytes as we write them: compact, like containerd and runc write them.
+
+    (``indent=`` would switch json to its pure-Python encoder: 5× slower on this hot path.)
+    """
+    return json.dumps(config, separators=(",", ":")).encode()
 
 
 def inject_gpu(

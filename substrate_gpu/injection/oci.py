@@ -176,9 +176,7 @@ def already_injected(config: OciConfig, plan: InjectionPlan) -> bool:
     The node agent re-unpacks bundles before each run/restore, but that invariant lives
     elsewhere; this guard keeps a second injection from doubling anything.
     """
-    return bool(plan.devices) and {d.path for d in plan.devices} <= _existing_device_paths(
-        config
-    )
+    return bool(plan.devices) and {d.path for d in plan.devices} <= _existing_device_paths(config)
 
 
 def is_sandbox_container(config: OciConfig) -> bool:
@@ -200,9 +198,7 @@ def _merge_ld_library_path(env: list[str], driver_dir: str) -> list[str]:
 def merge_env(image_env: Iterable[str], plan: InjectionPlan) -> list[str]:
     """The actor's env after injection (see the module docstring for the rules)."""
     spec_keys = {env_key(e) for e in plan.env}
-    env = [
-        e for e in image_env if env_key(e) != _VISIBLE_DEVICES and env_key(e) not in spec_keys
-    ]
+    env = [e for e in image_env if env_key(e) != _VISIBLE_DEVICES and env_key(e) not in spec_keys]
     env.extend(plan.env)
     if plan.driver_library_dir is not None:
         env = _merge_ld_library_path(env, plan.driver_library_dir)

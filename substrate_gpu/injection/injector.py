@@ -1,0 +1,78 @@
+"""The node agent's GPU injector: one per worker, shared by all its actors.
+
+Ties the pieces together for the lifecycle pipeline (it satisfies
+:class:`substrate_gpu.lifecycle.effects.GpuInjector`): the worker's CDI spec is generated
+once (:class:`~substrate_gpu.injection.toolkit.CdiSpecGenerator`) or given, its ``all``
+edits are computed once per spec, the SONAME cache is shared so later actors pay only a
+stat per library, and the blocking file work runs in a worker thread so the event loop
+keeps serving other actors.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import anyio.to_thread
+
+from substrate_gpu import cdi
+from substrate_gpu.injection import bundle as bundle_
+from substrate_gpu.rootfs import SonameCache
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from substrate_gpu.cdi import model
+    from substrate_gpu.injection.toolkit import CdiSpecGenerator
+
+
+class WorkerGpuInjector:
+    """Injects this worker's GPUs into actor bundles."""
+
+    def __init__(
+        self,
+        *,
+        options: bundle_.InjectionOptions,
+        generator: CdiSpecGenerator | None = None,
+        spec: model.Spec | None = None,
+        soname_cache: SonameCache | None = None,
+    ) -> None:
+        if (generator is None) == (spec is None):
+            raise ValueError("WorkerGpuInjector needs exactly one of generator= or spec=")
+        self.options = options
+        self._generator = generator
+        self._spec = spec
+        self._edits: tuple[model.Spec, model.ContainerEdits] | None = None
+        self.soname_cache = soname_cache or SonameCache()
+        self.last_report: bundle_.InjectionReport | None = None
+
+    async def edits(self) -> model.ContainerEdits:
+        """The spec-level + ``all`` edits, computed once per spec."""
+        spec = self._spec if self._spec is not None else await self._ensure_generated()
+        if self._edits is None or self._edits[0] is not spec:
+            self._edits = (spec, cdi.edits_for_all(spec))
+        return self._edits[1]
+
+    async def _ensure_generated(self) -> model.Spec:
+        if self._generator is None:  # pragma: no cover  (the constructor guarantees one)
+            raise ValueError("WorkerGpuInjector has neither a spec nor a generator")
+        return await self._generator.ensure_spec()
+
+    async def inject(self, bundle: Path) -> bundle_.InjectionReport:
+        """Inject into ``bundle``; the full report."""
+        edits = await self.edits()
+        report = await anyio.to_thread.run_sync(
+            functools.partial(
+                bundle_.inject_gpu,
+                bundle,
+                edits,
+                options=self.options,
+                soname_cache=self.soname_cache,
+            )
+        )
+        self.last_report = report
+        return report
+
+    async def __call__(self, bundle: Path) -> int:
+        """Inject into ``bundle``; the number of device nodes it now holds from the spec."""
+        return len((await self.inject(bundle)).devices)

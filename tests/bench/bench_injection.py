@@ -1,0 +1,186 @@
+"""Benchmark: GPU injection on the real toolkit-1.20 T4 spec, against ldconfig -n.
+
+Run: ``.venv/bin/python tests/bench/bench_injection.py [--rounds 41] [--base DIR ...]``.
+Not collected by pytest.
+
+The real T4 spec (tests/data/cdi/real-world/kwx4957-study…yaml: 6 device nodes, 50 mounts,
+36 versioned libraries) is mapped onto a test host tree holding gcc-built libraries with the
+same file names and real SONAMEs. Printed side by side, in one run, per base directory
+(a tmpfs like the /run that holds containerd's bundles, and the disk):
+
+- warm injection: a later actor on the node (SONAME cache warm), fresh bundle each round;
+- cold injection: the first actor (empty SONAME cache), fresh bundle each round;
+- ``ldconfig -n`` on a fresh copy of the same library directory (the cold target is ≤ 3×);
+- SONAME read per library: ours (header + program headers + PT_DYNAMIC) against a naive
+  pyelftools ``ELFFile`` + ``.dynamic`` section lookup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support.*
+
+from elftools.elf.elffile import ELFFile
+from support import elflibs
+
+from substrate_gpu import cdi
+from substrate_gpu.cdi import model
+from substrate_gpu.injection import bundle as bundle_
+from substrate_gpu.rootfs.sonames import SonameCache, open_for_reading, read_soname
+from substrate_gpu.simulation import bundles
+
+T4_SPEC = (
+    Path(__file__).resolve().parents[1]
+    / "data/cdi/real-world/kwx4957-study__ctk-1.20.0__drv-615.71.09__rocky9-T4.yaml"
+)
+
+
+def soname_for(name: str) -> str:
+    """A realistic SONAME: ``libX.so.615.71.09`` → ``libX.so.1``; others keep theirs."""
+    stem, _, version = name.partition(".so.")
+    return f"{stem}.so.1" if version.count(".") == 2 and version.startswith("6") else name
+
+
+def build_host_tree(root: Path, edits: model.ContainerEdits) -> model.ContainerEdits:
+    """Create every mounted file under ``root``; return edits pointing there."""
+    mounts = []
+    for mount in edits.mounts:
+        host = root / mount.host_path.lstrip("/")
+        host.parent.mkdir(parents=True, exist_ok=True)
+        name = host.name
+        if ".so." in name:
+            elflibs.build_shared_library(host.parent, name, soname_for(name))
+        else:
+            host.write_text("")
+        mounts.append(dataclasses.replace(mount, host_path=str(host)))
+    return dataclasses.replace(edits, mounts=tuple(mounts))
+
+
+def median_ms(run: Callable[[], object], rounds: int, setup: Callable[[], object]) -> float:
+    times = []
+    for _ in range(rounds):
+        setup()
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def naive_soname(path: Path) -> str | None:
+    with path.open("rb") as f:
+        section = ELFFile(f).get_section_by_name(".dynamic")
+        for tag in section.iter_tags() if section is not None else ():
+            if tag.entry.d_tag == "DT_SONAME":
+                return str(tag.soname)
+    return None
+
+
+def ours_soname(path: Path) -> object:
+    with open_for_reading(path) as f:
+        return read_soname(f)
+
+
+def bench_base(base: Path, rounds: int) -> list[tuple[str, float, str]]:
+    work = Path(tempfile.mkdtemp(prefix="bench-inject-", dir=base))
+    try:
+        edits = build_host_tree(work / "host", cdi.edits_for_all(cdi.load_spec(T4_SPEC)))
+        libdir = work / "host/usr/lib64"
+        libs = sorted(p for p in libdir.iterdir() if ".so." in p.name)
+        options = bundle_.InjectionOptions(driver_root="/usr", dev_root=work / "host")
+        template = work / "template"
+        (template / "rootfs").mkdir(parents=True)
+        (template / "config.json").write_text(__import__("json").dumps(bundles.runc_spec()))
+        counter = iter(range(1_000_000))
+        current: list[Path] = []
+
+        def fresh_bundle() -> None:
+            target = work / f"b{next(counter)}"
+            shutil.copytree(template, target)
+            current[:] = [target]
+
+        warm = SonameCache()
+        bundle_.inject_gpu(template, edits, options=options, soname_cache=warm)  # warm it
+        (template / "config.json").write_text(__import__("json").dumps(bundles.runc_spec()))
+        shutil.rmtree(template / "rootfs")
+        (template / "rootfs").mkdir()
+
+        warm_ms = median_ms(
+            lambda: bundle_.inject_gpu(current[0], edits, options=options, soname_cache=warm),
+            rounds,
+            fresh_bundle,
+        )
+        cold_ms = median_ms(
+            lambda: bundle_.inject_gpu(
+                current[0], edits, options=options, soname_cache=SonameCache()
+            ),
+            rounds,
+            fresh_bundle,
+        )
+        copies: list[Path] = []
+
+        def fresh_copy() -> None:
+            target = work / f"ld{next(counter)}"
+            target.mkdir()
+            for lib in libs:
+                shutil.copy2(lib, target / lib.name)
+            copies[:] = [target]
+
+        ldconfig_ms = median_ms(
+            lambda: subprocess.run(["ldconfig", "-n", str(copies[0])], check=True),
+            rounds,
+            fresh_copy,
+        )
+        ours_ms = median_ms(lambda: [ours_soname(p) for p in libs], rounds, lambda: None)
+        naive_ms = median_ms(lambda: [naive_soname(p) for p in libs], rounds, lambda: None)
+        n = len(libs)
+        return [
+            ("warm injection (later actor), median", warm_ms, "target ≤ 1 ms"),
+            (
+                "cold injection (first actor), median",
+                cold_ms,
+                f"{cold_ms / ldconfig_ms:.2f}× ldconfig (target ≤ 3×)",
+            ),
+            (f"ldconfig -n on the {n}-library directory", ldconfig_ms, "reference"),
+            (
+                "SONAME read per library: ours",
+                ours_ms / n,
+                f"{naive_ms / ours_ms:.1f}× faster than naive",
+            ),
+            ("SONAME read per library: naive ELFFile + .dynamic", naive_ms / n, "reference"),
+        ]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=41)
+    parser.add_argument("--base", type=Path, action="append", help="directories to run in")
+    args = parser.parse_args()
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    bases = args.base or [Path("/dev/shm"), Path(tempfile.gettempdir())]
+    for base in bases:
+        fs = subprocess.run(
+            ["stat", "-f", "-c", "%T", str(base)], capture_output=True, text=True
+        ).stdout.strip()
+        print(f"\n== {base} ({fs}), {args.rounds} rounds")
+        for label, ms, comparison in bench_base(base, args.rounds):
+            print(f"  {label:<52} {ms:9.3f} ms   {comparison}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""The node agent's per-worker injector (the lifecycle's GPU injection effect)."""
+
+from __future__ import annotations
+
+import pytest
+from support.gpu_nodes import toolkit_config
+
+from substrate_gpu.injection import bundle as bundle_
+from substrate_gpu.injection import toolkit
+from substrate_gpu.injection.injector import WorkerGpuInjector
+from substrate_gpu.simulation import bundles
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_generates_once_and_injects_many_actors(gpu_node, tmp_path):
+    """The spec is generated on first use; every actor gets the same devices."""
+    generator = toolkit.CdiSpecGenerator(toolkit_config(gpu_node, tmp_path / "cdi"))
+    injector = WorkerGpuInjector(
+        generator=generator,
+        options=bundle_.InjectionOptions(
+            driver_root=str(gpu_node.driver_root),
+            dev_root=gpu_node.root,
+            toolkit_dir=gpu_node.toolkit_dir,
+        ),
+    )
+    counts = [
+        await injector(bundles.make_bundle(tmp_path / f"actor{i}", ["true"])) for i in range(3)
+    ]
+    assert counts == [4, 4, 4]  # nvidia0 + nvidiactl + nvidia-uvm + nvidia-uvm-tools
+    assert generator.cached is not None
+    stats = injector.soname_cache.stats
+    assert stats.misses == len(list(gpu_node.lib64.iterdir()))  # read once, then cached
+
+
+def test_needs_exactly_one_spec_source(gpu_node):
+    """A spec and a generator together (or neither) is a programming error."""
+    with pytest.raises(ValueError, match="exactly one"):
+        WorkerGpuInjector(options=bundle_.InjectionOptions())
