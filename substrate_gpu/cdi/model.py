@@ -1,6 +1,6 @@
 """The CDI spec as immutable values.
 
-Only what the CDI specification defines (v0.3.0 – v1.0.x). Everything is frozen and held in
+Only what the CDI specification defines (v0.1.0 – v1.1.0). Everything is frozen and held in
 tuples, so "copy slices before merging so the parsed spec is never mutated" holds by
 construction: merging builds new values, a parsed :class:`Spec` can be shared between
 actors and cached per worker without defensive copies.
@@ -77,6 +77,39 @@ class Hook:
 
 
 @dataclass(frozen=True)
+class IntelRdt:
+    """``containerEdits.intelRdt`` (CDI ≥ 0.7.0): Intel RDT settings for the container.
+
+    Parsed so that nothing in a spec is silently dropped; GPU injection does not apply it.
+    """
+
+    clos_id: str | None = None
+    """``closID``: the RDT class of service (a file name)."""
+    l3_cache_schema: str | None = None
+    """``l3CacheSchema``."""
+    mem_bw_schema: str | None = None
+    """``memBwSchema``."""
+    schemata: tuple[str, ...] | None = None
+    """``schemata`` (CDI ≥ 1.1.0); ``None`` when absent (an empty list still counts as set)."""
+    enable_monitoring: bool = False
+    """``enableMonitoring`` (CDI ≥ 1.1.0)."""
+    enable_cmt: bool = False
+    """``enableCMT`` (CDI 0.7.0 – 1.0.x; removed in 1.1.0)."""
+    enable_mbm: bool = False
+    """``enableMBM`` (CDI 0.7.0 – 1.0.x; removed in 1.1.0)."""
+
+
+@dataclass(frozen=True)
+class NetDevice:
+    """One entry of ``containerEdits.netDevices`` (CDI ≥ 1.1.0); not applied by GPU injection."""
+
+    host_interface_name: str
+    """``hostInterfaceName``: the network interface on the host."""
+    name: str
+    """``name``: the interface name inside the container."""
+
+
+@dataclass(frozen=True)
 class ContainerEdits:
     """``containerEdits``: what a spec or a device adds to a container."""
 
@@ -90,6 +123,10 @@ class ContainerEdits:
     """``hooks``."""
     additional_gids: tuple[int, ...] = ()
     """``additionalGids`` (CDI ≥ 0.7.0)."""
+    intel_rdt: IntelRdt | None = None
+    """``intelRdt`` (CDI ≥ 0.7.0); carried, not applied by GPU injection."""
+    net_devices: tuple[NetDevice, ...] = ()
+    """``netDevices`` (CDI ≥ 1.1.0); carried, not applied by GPU injection."""
 
     def merged_with(self, other: ContainerEdits) -> ContainerEdits:
         """A new value holding ``self``'s edits followed by ``other``'s; neither is changed."""
@@ -100,13 +137,22 @@ class ContainerEdits:
             hooks=self.hooks + other.hooks,
             additional_gids=self.additional_gids
             + tuple(g for g in other.additional_gids if g not in self.additional_gids),
+            # As in the reference library: a later intelRdt replaces an earlier one.
+            intel_rdt=other.intel_rdt if other.intel_rdt is not None else self.intel_rdt,
+            net_devices=self.net_devices + other.net_devices,
         )
 
     @property
     def is_empty(self) -> bool:
         """True when the edits change nothing."""
         return not (
-            self.env or self.device_nodes or self.mounts or self.hooks or self.additional_gids
+            self.env
+            or self.device_nodes
+            or self.mounts
+            or self.hooks
+            or self.additional_gids
+            or self.intel_rdt is not None
+            or self.net_devices
         )
 
 

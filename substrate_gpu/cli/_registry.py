@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from substrate_gpu.cli import _pool
-
-from substrate_gpu.cli import _inject
+from substrate_gpu.cli import _demo, _inject, _pool
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
-REGISTRARS: list[Registrar] = [_inject.register, _pool.register]
+REGISTRARS: list[Registrar] = [_demo.register, _inject.register, _pool.register]

@@ -1,0 +1,27 @@
+"""What operators see: Prometheus metrics, their HTTP endpoint, and structured logs.
+
+- :mod:`~substrate_gpu.observability.metrics` — :class:`AgentMetrics`, every metric the
+  agent exports, in an injected registry with bounded label values.
+- :mod:`~substrate_gpu.observability.http` — :class:`MetricsServer`, the registry served on
+  127.0.0.1 (classic text and OpenMetrics).
+- :mod:`~substrate_gpu.observability.logging` — :func:`configure_logging` and
+  :func:`bind_actor`: JSON lines (or a console on a TTY), stdlib logs in the same shape.
+
+``metrics/`` at the repository root holds the Prometheus scrape config, recording rules and
+alerts that read these metrics; ``docs/observability.md`` documents all of them.
+"""
+
+from __future__ import annotations
+
+from substrate_gpu.observability.http import DEFAULT_HOST, DEFAULT_PORT, MetricsServer
+from substrate_gpu.observability.logging import bind_actor, configure_logging
+from substrate_gpu.observability.metrics import AgentMetrics
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "AgentMetrics",
+    "MetricsServer",
+    "bind_actor",
+    "configure_logging",
+]

@@ -1,0 +1,206 @@
+"""Read pool files and write manifests: YAML in (multi-document, errors with lines), YAML out.
+
+Also owns the manifests checked in under ``deploy/``: the CRD, the node agent's
+DaemonSet and the example pools' worker Deployments, all generated here
+(:func:`deploy_files`) so a test can prove the checked-in copies are not stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from substrate_gpu.exceptions import ConfigError
+from substrate_gpu.pools import crd, model, shaping, validation
+
+__all__ = [
+    "AGENT_NAMESPACE",
+    "EXAMPLE_SETTINGS",
+    "GPU_TAINT_KEY",
+    "PoolDocument",
+    "PoolFileError",
+    "PoolYamlError",
+    "deploy_files",
+    "dump_documents",
+    "parse_documents",
+    "read_documents",
+    "render_node_agent_daemonset",
+]
+
+AGENT_NAMESPACE = "substrate-system"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+"""The taint GPU node pools carry (GKE, the GPU Operator): the agent must tolerate it."""
+AGENT_IMAGE = "substrate-gpu-node-agent:0.1.0"
+"""Placeholder image of the node agent; replace it with your build (see docs)."""
+
+EXAMPLE_SETTINGS = shaping.ControllerSettings(
+    driver_root="/usr/local/nvidia", default_image="ateom:latest"
+)
+"""Controller settings of the checked-in renderings (``deploy/rendered``): the image
+stands in for your ateom build, as ``ATE_DEFAULT_ATEOM_IMAGE`` would."""
+
+
+class PoolFileError(ConfigError):
+    """A pool file cannot be read."""
+
+
+class PoolYamlError(PoolFileError):
+    """A pool file is not valid YAML (the message names file, line and column)."""
+
+
+@dataclass(frozen=True)
+class PoolDocument:
+    """One YAML document of a file, with where it starts (for messages)."""
+
+    source: str
+    """``FILE`` for a single document, ``FILE#N`` (1-based) in a multi-document file."""
+    line: int
+    """1-based line where the document starts."""
+    content: object
+    """The parsed document."""
+
+
+def parse_documents(text: str, source: str) -> list[PoolDocument]:
+    """Every non-empty document of ``text``; YAML errors name ``source``, line and column."""
+    docs: list[tuple[int, object]] = []
+    loader = yaml.SafeLoader(text)
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:  # pragma: no cover - check_node promised one
+                break
+            content = loader.construct_document(node)
+            if content is not None:  # an empty document between two `---`
+                docs.append((node.start_mark.line + 1, content))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+        problem = getattr(e, "problem", None) or str(e)
+        raise PoolYamlError(
+            f"while reading {where}: invalid YAML: {problem}; fix the file and retry"
+        ) from e
+    finally:
+        loader.dispose()
+    if len(docs) == 1:
+        return [PoolDocument(source, docs[0][0], docs[0][1])]
+    return [PoolDocument(f"{source}#{i}", line, c) for i, (line, c) in enumerate(docs, 1)]
+
+
+def read_documents(path: Path) -> list[PoolDocument]:
+    """Read and parse one pool file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise PoolFileError(f"while reading pool file {path}: {e}") from e
+    return parse_documents(text, str(path))
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Never writes anchors and aliases (``&id001``): manifests are read by people."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
+def dump_documents(documents: Iterable[Mapping[str, object]]) -> str:
+    """Multi-document YAML, ready for ``kubectl apply -f -``."""
+    return yaml.dump_all(
+        [dict(d) for d in documents],
+        Dumper=_PlainDumper,
+        sort_keys=False,
+        explicit_start=True,
+        width=100,
+    )
+
+
+def render_node_agent_daemonset(settings: shaping.ControllerSettings) -> dict[str, object]:
+    """The node agent's DaemonSet: one agent per node, GPU nodes included.
+
+    GPU nodes are usually tainted ``nvidia.com/gpu:NoSchedule``; without the toleration
+    the agent never lands there and GPU actors have nobody to run them. The agent (not
+    the workers) runs runsc and writes bundles on the host, so it is privileged; worker
+    pods never are.
+    """
+    labels = {"app.kubernetes.io/name": "substrate-node-agent"}
+    env = [{"name": shaping.TOOLKIT_HOST_PATH_ENV, "value": settings.toolkit_host_path}]
+    if settings.driver_root is not None:
+        env.append({"name": shaping.DRIVER_ROOT_ENV, "value": settings.driver_root})
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": "substrate-node-agent",
+            "namespace": AGENT_NAMESPACE,
+            "labels": labels,
+        },
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "tolerations": [
+                        {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                    "containers": [
+                        {
+                            "name": "agent",
+                            "image": AGENT_IMAGE,
+                            "env": env,
+                            "ports": [{"name": "metrics", "containerPort": 9400}],
+                            "securityContext": {"privileged": True},
+                            "volumeMounts": [
+                                {
+                                    "name": shaping.TOOLKIT_VOLUME,
+                                    "mountPath": shaping.TOOLKIT_CONTAINER_PATH,
+                                    "readOnly": True,
+                                }
+                            ],
+                        }
+                    ],
+                    "volumes": [
+                        {
+                            "name": shaping.TOOLKIT_VOLUME,
+                            "hostPath": {"path": settings.toolkit_host_path, "type": "Directory"},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def deploy_files(examples: Iterable[Path]) -> dict[str, str]:
+    """The ``deploy/`` tree, file name to content, all generated.
+
+    ``crd.yaml`` and ``node-agent.yaml`` install the system; ``examples/X.yaml`` are the
+    example pools (apply them once the CRD is in); ``rendered/X.yaml`` are the worker
+    Deployments ``substrate-gpu pool render`` prints for them, for review.
+    """
+    files = {
+        "crd.yaml": dump_documents([crd.render_crd()]),
+        "node-agent.yaml": dump_documents(
+            [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENT_NAMESPACE}},
+                render_node_agent_daemonset(EXAMPLE_SETTINGS),
+            ]
+        ),
+    }
+    for path in sorted(examples):
+        pools: list[Mapping[str, object]] = []
+        deployments: list[Mapping[str, object]] = []
+        for doc in read_documents(path):
+            pool = validation.load_pool(doc.content, source=doc.source)
+            pools.append(_as_mapping(doc.content))
+            deployments.append(shaping.render_worker_deployment(pool, EXAMPLE_SETTINGS))
+        files[f"examples/{path.name}"] = dump_documents(pools)
+        files[f"rendered/{path.name}"] = dump_documents(deployments)
+    return files
+
+
+def _as_mapping(content: object) -> Mapping[str, object]:
+    if not isinstance(content, Mapping):
+        raise PoolFileError(f"a {model.KIND} document must be a mapping")
+    return content

@@ -1,0 +1,188 @@
+"""Render a pool's worker Deployment, and shape it for GPUs.
+
+Pure functions: a :class:`~.model.WorkerPool` and the controller's environment (an explicit
+mapping, never ``os.environ`` read from in here) in, a Kubernetes object (plain dicts) out.
+
+:func:`render_worker_deployment` builds the shape every pool gets, then
+:func:`maybe_shape_for_gpu` adds what a GPU gVisor pool needs and nothing else:
+
+- the GPU count on the worker runtime container, request equal to limit;
+- the host's NVIDIA Container Toolkit (``ATE_NVIDIA_TOOLKIT_HOST_PATH``, default
+  ``/usr/local/nvidia/toolkit``) as a read-only hostPath at ``/opt/nvidia-toolkit``.
+  It must sit outside ``/usr/local/nvidia``, which the device plugin mounts read-only
+  into the container: a mount nested in it would fail;
+- ``ATE_NVIDIA_DRIVER_ROOT`` forwarded to the worker when the controller has it set.
+
+Posture, on purpose: **no** privileged mode, **no** user namespace (``hostUsers: false``)
+and **no** ``procMount`` change. A user namespace would break per-actor cgroup delegation;
+the one toolkit hook that would need an unmasked /proc (``update-ldcache``) is replaced by
+SONAME links the node agent stages itself. A GPU worker keeps the posture of any other
+gVisor worker, and a pool without GPUs renders exactly as it would without this module's
+GPU step (tests compare the two renderings).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from substrate_gpu.exceptions import ConfigError
+from substrate_gpu.pools import model
+
+__all__ = [
+    "DEFAULT_TOOLKIT_HOST_PATH",
+    "DRIVER_ROOT_ENV",
+    "TOOLKIT_CONTAINER_PATH",
+    "TOOLKIT_HOST_PATH_ENV",
+    "TOOLKIT_VOLUME",
+    "WORKER_CONTAINER",
+    "WORKER_IMAGE_ENV",
+    "ControllerSettings",
+    "maybe_shape_for_gpu",
+    "render_worker_deployment",
+]
+
+TOOLKIT_HOST_PATH_ENV = "ATE_NVIDIA_TOOLKIT_HOST_PATH"
+DEFAULT_TOOLKIT_HOST_PATH = "/usr/local/nvidia/toolkit"
+TOOLKIT_CONTAINER_PATH = "/opt/nvidia-toolkit"
+TOOLKIT_VOLUME = "nvidia-toolkit"
+DRIVER_ROOT_ENV = "ATE_NVIDIA_DRIVER_ROOT"
+WORKER_IMAGE_ENV = "ATE_DEFAULT_ATEOM_IMAGE"
+"""Controller setting: the worker image for pools without ``spec.ateomImage``."""
+WORKER_CONTAINER = "ateom"
+"""Name of the worker runtime container (the one that gets the GPUs)."""
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """What the controller's environment decides about worker pods."""
+
+    toolkit_host_path: str = DEFAULT_TOOLKIT_HOST_PATH
+    """Host directory of the NVIDIA Container Toolkit."""
+    driver_root: str | None = None
+    """``ATE_NVIDIA_DRIVER_ROOT`` to forward to GPU workers; ``None`` when unset."""
+    default_image: str | None = None
+    """Worker image for pools that name none."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ControllerSettings:
+        """Read the settings from an environment mapping (empty values count as unset)."""
+        return cls(
+            toolkit_host_path=env.get(TOOLKIT_HOST_PATH_ENV) or DEFAULT_TOOLKIT_HOST_PATH,
+            driver_root=env.get(DRIVER_ROOT_ENV) or None,
+            default_image=env.get(WORKER_IMAGE_ENV) or None,
+        )
+
+
+def _pool_labels(pool: model.WorkerPool) -> dict[str, str]:
+    return {model.POOL_LABEL: pool.name, model.UPSTREAM_POOL_LABEL: pool.name}
+
+
+def render_worker_deployment(
+    pool: model.WorkerPool,
+    settings: ControllerSettings,
+    *,
+    gpu_shaping: bool = True,
+) -> dict[str, object]:
+    """The worker Deployment of ``pool``; ``gpu_shaping=False`` renders it without the GPU step."""
+    image = pool.ateom_image or settings.default_image
+    if image is None:
+        raise ConfigError(
+            f"while rendering WorkerPool {pool.namespace}/{pool.name}: it has no "
+            f"spec.ateomImage and the controller has no {WORKER_IMAGE_ENV}: set one of them"
+        )
+    labels = _pool_labels(pool)
+    # Extended resources are GPU shaping's business; native ones are the base shape.
+    requests = {k: v for k, v in pool.requests.items() if k != model.GPU_RESOURCE}
+    limits = {k: v for k, v in pool.limits.items() if k != model.GPU_RESOURCE}
+    container: dict[str, object] = {"name": WORKER_CONTAINER, "image": image}
+    resources: dict[str, object] = {}
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, object] = {"containers": [container]}
+    if pool.runtime_class_name:
+        pod_spec["runtimeClassName"] = pool.runtime_class_name
+    if pool.node_selector:
+        pod_spec["nodeSelector"] = dict(pool.node_selector)
+    if pool.tolerations:
+        pod_spec["tolerations"] = [t.to_dict() for t in pool.tolerations]
+    if pool.priority_class_name:
+        pod_spec["priorityClassName"] = pool.priority_class_name
+    pod_metadata: dict[str, object] = {"labels": {**pool.labels, **labels}}
+    if pool.annotations:
+        pod_metadata["annotations"] = dict(pool.annotations)
+    deployment: dict[str, object] = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": f"{pool.name}-workers",
+            "namespace": pool.namespace,
+            "labels": {**labels, "app.kubernetes.io/managed-by": "substrate-gpu"},
+        },
+        "spec": {
+            "replicas": pool.replicas,
+            # One key only: a selector is immutable, and upstream selects on this one.
+            "selector": {"matchLabels": {model.UPSTREAM_POOL_LABEL: pool.name}},
+            "template": {"metadata": pod_metadata, "spec": pod_spec},
+        },
+    }
+    if gpu_shaping:
+        deployment = maybe_shape_for_gpu(deployment, pool, settings)
+    return deployment
+
+
+def maybe_shape_for_gpu(
+    deployment: Mapping[str, object],
+    pool: model.WorkerPool,
+    settings: ControllerSettings,
+) -> dict[str, object]:
+    """A copy of ``deployment`` with the GPU shape added; unchanged unless a GPU gVisor pool."""
+    shaped = copy.deepcopy(dict(deployment))
+    if (
+        not pool.is_gpu_pool
+        or pool.sandbox_class not in model.GPU_RESOURCES[model.GPU_RESOURCE].sandbox_classes
+    ):
+        return shaped
+    spec = _child(shaped, "spec")
+    pod_spec = _child(_child(spec, "template"), "spec")
+    container = _worker_container(pod_spec)
+    count = str(pool.gpu_count)
+    resources = _child(container, "resources")
+    _child(resources, "requests")[model.GPU_RESOURCE] = count
+    _child(resources, "limits")[model.GPU_RESOURCE] = count
+    volumes = pod_spec.setdefault("volumes", [])
+    assert isinstance(volumes, list)
+    volumes.append(
+        {
+            "name": TOOLKIT_VOLUME,
+            "hostPath": {"path": settings.toolkit_host_path, "type": "Directory"},
+        }
+    )
+    mounts = container.setdefault("volumeMounts", [])
+    assert isinstance(mounts, list)
+    mounts.append({"name": TOOLKIT_VOLUME, "mountPath": TOOLKIT_CONTAINER_PATH, "readOnly": True})
+    if settings.driver_root is not None:
+        env = container.setdefault("env", [])
+        assert isinstance(env, list)
+        env.append({"name": DRIVER_ROOT_ENV, "value": settings.driver_root})
+    return shaped
+
+
+def _child(parent: dict[str, object], key: str) -> dict[str, object]:
+    value = parent.setdefault(key, {})
+    assert isinstance(value, dict)
+    return value
+
+
+def _worker_container(pod_spec: dict[str, object]) -> dict[str, object]:
+    containers = pod_spec.get("containers")
+    assert isinstance(containers, list)
+    for container in containers:
+        if isinstance(container, dict) and container.get("name") == WORKER_CONTAINER:
+            return container
+    raise AssertionError(f"the worker pod has no {WORKER_CONTAINER} container")

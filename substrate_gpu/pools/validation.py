@@ -1,0 +1,438 @@
+"""Validate a WorkerPool document: every problem in one pass, each with its field path.
+
+Two layers, in one walk:
+
+1. **Structure** (types, unknown fields, required fields) against :data:`.schema.SPEC`,
+   the same tree the CRD's ``openAPIV3Schema`` is generated from.
+2. **Semantics**, written here by hand and mirrored in CEL by :mod:`.rules`: GPU support
+   per sandbox class, limits equal to requests for extended resources, positive counts,
+   GPU oversubscription, MPS consistency, reserved keys. A semantic check only looks at
+   fields that are well typed, as the API server only runs CEL on schema-valid objects.
+
+Warnings (never blocking, Python only): a GPU pool whose worker image looks distroless,
+where ``nvidia-ctk`` (a glibc binary) cannot run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import cast
+
+from substrate_gpu.pools import model, rules, schema
+from substrate_gpu.pools.problems import (
+    Code,
+    PoolValidationError,
+    Problem,
+    ValidationReport,
+)
+
+__all__ = ["field_path", "load_pool", "validate_document"]
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_COUNT = re.compile(rules.COUNT_PATTERN.strip("^$"))
+_QUANTITY = re.compile(rules.QUANTITY_PATTERN[1:-1])
+_DISTROLESS = re.compile(r"(^|[/.-])distroless([/:@.-]|$)|(^|/)chainguard/static([:@]|$)")
+
+PathPart = str | int
+
+
+def field_path(parts: Sequence[PathPart]) -> str:
+    """Render a path: ``spec.template.resources.limits["nvidia.com/gpu"]``, ``tolerations[0]``."""
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _IDENTIFIER.fullmatch(part):
+            out += f".{part}" if out else part
+        else:
+            out += f'["{part}"]'
+    return out
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.errors: list[Problem] = []
+        self.warnings: list[Problem] = []
+
+    def error(self, path: Sequence[PathPart], code: Code, message: str) -> None:
+        self.errors.append(Problem(field_path(path), message, code))
+
+    def warn(self, path: Sequence[PathPart], code: Code, message: str) -> None:
+        self.warnings.append(Problem(field_path(path), message, code))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, Mapping):
+        return "object"
+    if isinstance(value, list):
+        return "list"
+    return type(value).__name__
+
+
+# --- structure ------------------------------------------------------------------------
+
+
+def _check_structure(
+    value: object, shape: schema.SchemaField, path: list[PathPart], out: _Collector
+) -> bool:
+    """Report type problems under ``path``; True when ``value`` is fully well typed."""
+    if isinstance(shape, schema.StringField):
+        if not isinstance(value, str):
+            out.error(path, Code.TYPE, f"must be a string, not {_type_name(value)}")
+            return False
+        ok = True
+        if shape.enum and value not in shape.enum:
+            out.error(path, Code.TYPE, f"must be one of {', '.join(shape.enum)}")
+            ok = False
+        if len(value) < shape.min_length:
+            out.error(path, Code.TYPE, "must not be empty")
+            ok = False
+        if shape.max_length is not None and len(value) > shape.max_length:
+            out.error(path, Code.TYPE, f"must be at most {shape.max_length} characters")
+            ok = False
+        return ok
+    if isinstance(shape, schema.IntField):
+        if not _is_int(value):
+            out.error(path, Code.TYPE, f"must be an integer, not {_type_name(value)}")
+            return False
+        if not -schema.INT32_MAX - 1 <= cast("int", value) <= schema.INT32_MAX:
+            out.error(path, Code.TYPE, "must fit in a 32-bit integer")
+            return False
+        return True
+    if isinstance(shape, schema.IntOrStringField):
+        if not (_is_int(value) or isinstance(value, str)):
+            out.error(path, Code.TYPE, f"must be an integer or a string, not {_type_name(value)}")
+            return False
+        if isinstance(value, str) and len(value) > shape.max_length:
+            out.error(path, Code.TYPE, f"must be at most {shape.max_length} characters")
+            return False
+        return True
+    if isinstance(shape, schema.MapField):
+        if not isinstance(value, Mapping):
+            out.error(path, Code.TYPE, f"must be a map, not {_type_name(value)}")
+            return False
+        ok = True
+        if len(value) > shape.max_properties:
+            out.error(path, Code.TYPE, f"must have at most {shape.max_properties} entries")
+            ok = False
+        for key, item in value.items():
+            if not isinstance(key, str):
+                out.error([*path, str(key)], Code.TYPE, "keys must be strings")
+                ok = False
+                continue
+            ok = _check_structure(item, shape.values, [*path, key], out) and ok
+        return ok
+    if isinstance(shape, schema.ListField):
+        if not isinstance(value, list):
+            out.error(path, Code.TYPE, f"must be a list, not {_type_name(value)}")
+            return False
+        ok = True
+        if len(value) > shape.max_items:
+            out.error(path, Code.TYPE, f"must have at most {shape.max_items} items")
+            ok = False
+        for index, item in enumerate(value):
+            ok = _check_structure(item, shape.items, [*path, index], out) and ok
+        return ok
+    if not isinstance(value, Mapping):
+        out.error(path, Code.TYPE, f"must be an object, not {_type_name(value)}")
+        return False
+    ok = True
+    for name in shape.required:
+        if name not in value:
+            out.error([*path, name], Code.REQUIRED, "is required")
+            ok = False
+    for key, item in value.items():
+        sub = shape.properties.get(key) if isinstance(key, str) else None
+        if sub is None:
+            known = ", ".join(shape.properties)
+            out.error([*path, str(key)], Code.UNKNOWN_FIELD, f"unknown field (known: {known})")
+            ok = False
+            continue
+        ok = _check_structure(item, sub, [*path, key], out) and ok
+    return ok
+
+
+def _well_typed_spec(spec: Mapping[str, object], out: _Collector) -> dict[str, object]:
+    """Check spec's structure; keep only the fields that are fully well typed."""
+    kept: dict[str, object] = {}
+    for key, item in spec.items():
+        sub = schema.SPEC.properties.get(key) if isinstance(key, str) else None
+        if sub is None:
+            known = ", ".join(schema.SPEC.properties)
+            out.error(["spec", str(key)], Code.UNKNOWN_FIELD, f"unknown field (known: {known})")
+        elif _check_structure(item, sub, ["spec", key], out):
+            kept[key] = item
+    return kept
+
+
+# --- semantics ------------------------------------------------------------------------
+
+
+def _m(raw: object) -> Mapping[str, object]:
+    return cast("Mapping[str, object]", raw) if isinstance(raw, Mapping) else {}
+
+
+def _count_ok(value: object) -> bool:
+    return (_is_int(value) or isinstance(value, str)) and _COUNT.fullmatch(str(value)) is not None
+
+
+def _resource_maps(
+    spec: Mapping[str, object],
+) -> Iterator[tuple[list[PathPart], Mapping[str, object]]]:
+    if "resourceRequests" in spec:
+        yield ["spec", "resourceRequests"], _m(spec["resourceRequests"])
+    resources = _m(_m(spec.get("template")).get("resources"))
+    for kind in ("requests", "limits"):
+        if kind in resources:
+            yield ["spec", "template", "resources", kind], _m(resources[kind])
+
+
+def _gpu_value(spec: Mapping[str, object]) -> tuple[list[PathPart], object] | None:
+    """Where the per-worker NVIDIA GPU count is written, and its value (limits first)."""
+    found = {
+        tuple(path): m[model.GPU_RESOURCE]
+        for path, m in _resource_maps(spec)
+        if model.GPU_RESOURCE in m
+    }
+    for kind in (
+        ("spec", "template", "resources", "limits"),
+        ("spec", "template", "resources", "requests"),
+        ("spec", "resourceRequests"),
+    ):
+        if kind in found:
+            return [*kind, model.GPU_RESOURCE], found[kind]
+    return None
+
+
+def _check_counts(spec: Mapping[str, object], out: _Collector, *, written: frozenset[str]) -> None:
+    if "maxWorkers" in spec and cast("int", spec["maxWorkers"]) < 1:
+        out.error(["spec", "maxWorkers"], Code.WORKER_COUNT, "must be at least 1")
+    if "replicas" in spec and cast("int", spec["replicas"]) < 0:
+        out.error(["spec", "replicas"], Code.WORKER_COUNT, "must not be negative")
+    if "maxActorsPerWorker" in spec and not 1 <= cast("int", spec["maxActorsPerWorker"]) <= 4094:
+        out.error(["spec", "maxActorsPerWorker"], Code.WORKER_COUNT, "must be between 1 and 4094")
+    sharing = _m(spec.get("gpuSharing"))
+    if "gpuCapacity" in sharing and cast("int", sharing["gpuCapacity"]) < 1:
+        out.error(["spec", "gpuSharing", "gpuCapacity"], Code.WORKER_COUNT, "must be at least 1")
+    # Presence, not validity: an ill-typed maxWorkers is a type error, not a missing one.
+    if "maxWorkers" not in written and "replicas" not in written:
+        out.error(
+            ["spec", "maxWorkers"],
+            Code.WORKERS_REQUIRED,
+            "is required (or replicas): the number of worker pods",
+        )
+
+
+def _check_conflicts(spec: Mapping[str, object], out: _Collector) -> None:
+    template = _m(spec.get("template"))
+    for flat, upstream, present in [
+        ("maxWorkers", ("replicas",), "replicas" in spec),
+        ("resourceRequests", ("template", "resources"), "resources" in template),
+        ("nodeSelector", ("template", "nodeSelector"), "nodeSelector" in template),
+        ("annotations", ("template", "annotations"), "annotations" in template),
+    ]:
+        if flat in spec and present:
+            out.error(
+                ["spec", flat],
+                Code.CONFLICTING_FIELDS,
+                f"set either {flat} (flat form) or {'.'.join(upstream)} (upstream form), not both",
+            )
+
+
+def _check_resources(spec: Mapping[str, object], out: _Collector) -> None:
+    for path, values in _resource_maps(spec):
+        for name, value in values.items():
+            if model.is_extended_resource(name):
+                if not _count_ok(value):
+                    out.error(
+                        [*path, name],
+                        Code.RESOURCE_COUNT,
+                        f"must be a positive whole number of {name}, not {value!r}",
+                    )
+            elif _QUANTITY.fullmatch(str(value)) is None:
+                out.error(
+                    [*path, name],
+                    Code.RESOURCE_QUANTITY,
+                    f"{value!r} is not a Kubernetes quantity (such as 500m, 2 or 4Gi)",
+                )
+    resources = _m(_m(spec.get("template")).get("resources"))
+    if "requests" in resources:
+        limits = _m(resources.get("limits"))
+        for name, value in _m(resources["requests"]).items():
+            if model.is_extended_resource(name) and (
+                name not in limits or str(limits[name]) != str(value)
+            ):
+                out.error(
+                    ["spec", "template", "resources", "limits", name],
+                    Code.EXTENDED_LIMIT,
+                    f"must equal the request ({value}): Kubernetes admits a request for an "
+                    "extended resource only with an equal limit",
+                )
+
+
+def _check_gpu_support(spec: Mapping[str, object], out: _Collector) -> None:
+    sandbox_class = spec.get("sandboxClass", model.DEFAULT_SANDBOX_CLASS)
+    if sandbox_class not in ("gvisor", "microvm"):
+        out.error(["spec", "sandboxClass"], Code.SANDBOX_CLASS, "must be 'gvisor' or 'microvm'")
+    for path, values in _resource_maps(spec):
+        for resource, support in model.GPU_RESOURCES.items():
+            if resource in values and sandbox_class not in support.sandbox_classes:
+                out.error(
+                    [*path, resource],
+                    Code.GPU_SANDBOX_CLASS,
+                    model.gpu_support_message(resource),
+                )
+
+
+def _check_sharing(spec: Mapping[str, object], out: _Collector) -> None:
+    if "gpuSharing" not in spec:
+        return
+    sharing = _m(spec["gpuSharing"])
+    base: list[PathPart] = ["spec", "gpuSharing"]
+    strategy = sharing.get("strategy", "exclusive")
+    clients = sharing.get("clientsPerGpu")
+    if strategy not in ("exclusive", "mps"):
+        out.error([*base, "strategy"], Code.SHARING_STRATEGY, "must be 'exclusive' or 'mps'")
+    if strategy == "mps" and clients is None:
+        out.error(
+            [*base, "clientsPerGpu"],
+            Code.MPS_CLIENTS_REQUIRED,
+            "is required with strategy mps: how many workers share one GPU",
+        )
+    if clients is not None:
+        if strategy != "mps":
+            out.error(
+                [*base, "clientsPerGpu"],
+                Code.MPS_CLIENTS_UNEXPECTED,
+                "is only meaningful with strategy mps (exclusive gives each worker its GPUs)",
+            )
+        if not 2 <= cast("int", clients) <= 48:
+            out.error(
+                [*base, "clientsPerGpu"],
+                Code.MPS_CLIENTS_RANGE,
+                "must be between 2 and 48 (NVIDIA MPS's client limit)",
+            )
+    gpu = _gpu_value(spec)
+    if gpu is None:
+        out.error(
+            base,
+            Code.SHARING_WITHOUT_GPU,
+            "is set but the pool requests no nvidia.com/gpu: remove it, or request a GPU",
+        )
+        return
+    gpu_path, gpu_value = gpu
+    if strategy == "mps" and str(gpu_value) != "1":
+        out.error(
+            gpu_path,
+            Code.MPS_SINGLE_GPU,
+            "must be 1 with gpuSharing.strategy mps: the NVIDIA device plugin refuses more "
+            "than one shared GPU per container",
+        )
+    capacity = sharing.get("gpuCapacity")
+    workers = spec.get("maxWorkers", spec.get("replicas"))
+    if capacity is None or workers is None or not _count_ok(gpu_value):
+        return
+    if strategy == "exclusive":
+        slots = cast("int", capacity)
+    elif strategy == "mps" and clients is not None:
+        slots = cast("int", capacity) * cast("int", clients)
+    else:
+        return
+    needed = cast("int", workers) * int(str(gpu_value))
+    if needed > slots:
+        field = "maxWorkers" if "maxWorkers" in spec else "replicas"
+        out.error(
+            ["spec", field],
+            Code.GPU_OVERSUBSCRIBED,
+            f"{workers} workers x {gpu_value} GPU need {needed} GPU slots but "
+            f"gpuSharing.gpuCapacity provides {slots} ({strategy}): lower {field}, "
+            "or share GPUs with strategy mps",
+        )
+
+
+def _check_reserved_keys(spec: Mapping[str, object], out: _Collector) -> None:
+    template = _m(spec.get("template"))
+    for path, values in [
+        (["spec", "annotations"], _m(spec.get("annotations"))),
+        (["spec", "template", "annotations"], _m(template.get("annotations"))),
+        (["spec", "template", "labels"], _m(template.get("labels"))),
+    ]:
+        for key in values:
+            if any(key.startswith(f"{d}/") or f".{d}/" in key for d in rules.RESERVED_DOMAINS):
+                out.error(
+                    [*path, key],
+                    Code.RESERVED_KEY,
+                    "is reserved: the ate.dev and substrate.io domains belong to the controller",
+                )
+
+
+def _check_image(spec: Mapping[str, object], out: _Collector) -> None:
+    image = spec.get("ateomImage")
+    if isinstance(image, str) and _gpu_value(spec) is not None and _DISTROLESS.search(image):
+        out.warn(
+            ["spec", "ateomImage"],
+            Code.DISTROLESS_IMAGE,
+            f"{image} looks distroless: GPU workers run nvidia-ctk, a glibc binary that "
+            "cannot execute without a C library; use a glibc-based image",
+        )
+
+
+# --- entry points ---------------------------------------------------------------------
+
+
+def validate_document(doc: object) -> ValidationReport:
+    """Validate one parsed WorkerPool document; never raises on bad input."""
+    out = _Collector()
+    if not isinstance(doc, Mapping):
+        out.error([], Code.TYPE, f"a WorkerPool must be a YAML mapping, not {_type_name(doc)}")
+        return ValidationReport(tuple(out.errors))
+    if doc.get("apiVersion") != model.API_VERSION:
+        out.error(["apiVersion"], Code.TYPE, f"must be {model.API_VERSION}")
+    if doc.get("kind") != model.KIND:
+        out.error(["kind"], Code.TYPE, f"must be {model.KIND}")
+    metadata = doc.get("metadata")
+    if not isinstance(metadata, Mapping):
+        out.error(["metadata"], Code.REQUIRED, "is required and must be a mapping with a name")
+    else:
+        name = metadata.get("name")
+        if not isinstance(name, str) or not name:
+            out.error(["metadata", "name"], Code.REQUIRED, "is required")
+        elif len(name) > 63:
+            out.error(
+                ["metadata", "name"],
+                Code.POOL_NAME,
+                "must be at most 63 characters: it is the worker-pool label value",
+            )
+        namespace = metadata.get("namespace")
+        if namespace is not None and not isinstance(namespace, str):
+            out.error(["metadata", "namespace"], Code.TYPE, "must be a string")
+    raw_spec = doc.get("spec")
+    if not isinstance(raw_spec, Mapping):
+        out.error(["spec"], Code.REQUIRED, "is required and must be a mapping")
+        return ValidationReport(tuple(out.errors), tuple(out.warnings))
+    spec = _well_typed_spec(cast("Mapping[str, object]", raw_spec), out)
+    _check_counts(spec, out, written=frozenset(str(k) for k in raw_spec))
+    _check_conflicts(spec, out)
+    _check_resources(spec, out)
+    _check_gpu_support(spec, out)
+    _check_sharing(spec, out)
+    _check_reserved_keys(spec, out)
+    _check_image(spec, out)
+    return ValidationReport(tuple(out.errors), tuple(out.warnings))
+
+
+def load_pool(doc: object, *, source: str = "<input>") -> model.WorkerPool:
+    """Validate ``doc`` and normalise it; raises :class:`PoolValidationError` on any error."""
+    report = validate_document(doc)
+    if report.errors:
+        raise PoolValidationError(source, report.errors)
+    return model.pool_from_document(cast("Mapping[str, object]", doc))

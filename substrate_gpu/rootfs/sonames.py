@@ -1,0 +1,391 @@
+"""Reading ``DT_SONAME`` from host libraries, cheaply, and remembering it.
+
+Why not ``ELFFile(f).get_section_by_name('.dynamic')``: that parses every section header
+(~2 ms a library), and section headers are optional metadata the dynamic linker never reads
+(``strip --strip-section-headers`` removes them). The loader's own view is the program
+headers, so the cold path reads exactly what ``ld.so`` reads:
+
+1. the ELF header (52 or 64 bytes),
+2. the program header table,
+3. the ``PT_DYNAMIC`` segment,
+4. the SONAME bytes in the dynamic string table, whose address (``DT_STRTAB``, a virtual
+   address) is mapped to a file offset through the ``PT_LOAD`` segment that contains it.
+
+Every field is decoded with pyelftools' own structure definitions (:class:`ELFStructs`), so
+32/64-bit and both byte orders come for free; the section header table is never touched.
+
+Corrupt input never raises: pyelftools and ``struct`` raise ``ELFError``, construct errors,
+``OverflowError``, ``AssertionError``, ``struct.error`` or ``ValueError`` on hostile bytes,
+and all of them (with ``OSError``) become a :class:`SonameUnreadable` with a reason.
+
+:class:`SonameCache` keys results by the file's identity and version (device, inode, size,
+mtime, ctime), so later actors on a node pay one ``stat`` per library and nothing else.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import stat
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, TypeAlias
+
+from elftools.common.exceptions import ELFError
+from elftools.construct.core import ConstructError, FormatField, Struct, Value
+from elftools.elf.structs import ELFStructs
+
+_ELF_MAGIC = b"\x7fELF"
+_PT_LOAD = 1
+_PT_DYNAMIC = 2
+_DT_NULL = 0
+_DT_STRTAB = 5
+_DT_STRSZ = 10
+_DT_SONAME = 14
+_PN_XNUM = 0xFFFF  # the real count lives in section header 0: we do not read section headers
+
+#: Upper bounds that keep a hostile file from making us read much: a real dynamic segment
+#: is a few hundred bytes, a SONAME is a file name.
+MAX_PROGRAM_HEADERS = 4096
+MAX_DYNAMIC_BYTES = 1 << 20
+MAX_SONAME_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class SonameFound:
+    """The library declares a SONAME."""
+
+    soname: str
+    """``DT_SONAME`` as the linker sees it (non-UTF-8 bytes kept via ``os.fsdecode``)."""
+
+
+@dataclass(frozen=True)
+class SonameAbsent:
+    """A well-formed ELF file that declares no SONAME: there is nothing to link."""
+
+    reason: str
+    """Why: no program headers (object file), no dynamic segment (static executable), or
+    a dynamic segment without ``DT_SONAME``."""
+
+
+@dataclass(frozen=True)
+class SonameUnreadable:
+    """The file cannot be read as an ELF shared object: not ELF, truncated, corrupt, I/O."""
+
+    reason: str
+    """What went wrong, for the warning logged by the caller."""
+
+
+SonameResult: TypeAlias = SonameFound | SonameAbsent | SonameUnreadable
+"""The outcome of reading one file's SONAME; never an exception."""
+
+#: What pyelftools, construct and struct raise on corrupt input (brief §8). OSError is
+#: handled apart: an I/O error says nothing about the file's content, so it is not cached.
+_CORRUPT_INPUT_ERRORS: tuple[type[Exception], ...] = (
+    ELFError,
+    ConstructError,
+    OverflowError,
+    AssertionError,
+    struct.error,
+    ValueError,
+    IndexError,
+    KeyError,
+    EOFError,
+)
+
+
+class _Corrupt(Exception):
+    """Internal: the bytes contradict the ELF format; the message is the reason."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The cold path: header, program headers, PT_DYNAMIC, SONAME bytes
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A fixed-size pyelftools struct compiled to one ``struct.Struct`` (same bytes, ~20x faster).
+
+    pyelftools' construct parser costs ~15 µs a record; a dynamic segment has dozens. The
+    layout (field names, widths, byte order) is taken from pyelftools' own definitions, so
+    the two cannot disagree; ``_compile`` checks the sizes match.
+    """
+
+    names: tuple[str, ...]
+    packer: struct.Struct
+
+    def unpack(self, data: bytes, offset: int = 0) -> dict[str, int]:
+        return dict(zip(self.names, self.packer.unpack_from(data, offset), strict=True))
+
+
+def _compile(definition: Struct, little_endian: bool) -> _Layout:
+    names: list[str] = []
+    formats: list[str] = []
+    for field in definition.subcons:
+        size = field.sizeof() if not isinstance(field, Value) else 0
+        leaf = field if isinstance(field, FormatField) else getattr(field, "subcon", None)
+        if isinstance(leaf, FormatField) and leaf.sizeof() == size:
+            names.append(str(field.name))
+            formats.append(str(leaf.packer.format)[-1])
+        elif size:
+            formats.append(f"{size}x")  # a nested record we do not need (e_ident)
+    packer = struct.Struct(("<" if little_endian else ">") + "".join(formats))
+    if packer.size != definition.sizeof():
+        raise AssertionError(f"compiled {definition.name} has the wrong size")  # pragma: no cover
+    return _Layout(tuple(names), packer)
+
+
+@dataclass(frozen=True)
+class _Layouts:
+    ehdr: _Layout
+    phdr: _Layout
+    dyn: _Layout
+
+
+@functools.lru_cache(maxsize=4)
+def _layouts(little_endian: bool, elfclass: int) -> _Layouts:
+    """The records we decode, for one ELF class and byte order (built once each)."""
+    structs = ELFStructs(little_endian=little_endian, elfclass=elfclass)
+    structs.create_basic_structs()
+    structs.create_advanced_structs()
+    return _Layouts(
+        ehdr=_compile(structs.Elf_Ehdr, little_endian),
+        phdr=_compile(structs.Elf_Phdr, little_endian),
+        dyn=_compile(structs.Elf_Dyn, little_endian),
+    )
+
+
+#: No real file is this large; larger offsets are corrupt, not worth a failing seek.
+_MAX_OFFSET = 1 << 48
+
+
+def _read_exactly(stream: BinaryIO, offset: int, size: int, what: str) -> bytes:
+    if not (0 <= offset < _MAX_OFFSET and 0 <= size < _MAX_OFFSET):
+        raise _Corrupt(f"{what} lies outside any plausible file ({offset=}, {size=})")
+    stream.seek(offset)
+    data = stream.read(size)
+    if len(data) != size:
+        raise _Corrupt(f"truncated: {what} needs {size} bytes at offset {offset}")
+    return data
+
+
+@dataclass(frozen=True)
+class _Segment:
+    kind: int
+    offset: int
+    vaddr: int
+    filesz: int
+
+
+def _program_headers(stream: BinaryIO, layouts: _Layouts, header: dict[str, int]) -> list[_Segment]:
+    phnum = header["e_phnum"]
+    if phnum == _PN_XNUM or phnum > MAX_PROGRAM_HEADERS:
+        raise _Corrupt(f"unsupported program header count {phnum}")
+    entry_size = layouts.phdr.packer.size
+    if phnum and header["e_phentsize"] != entry_size:
+        raise _Corrupt(f"program header size {header['e_phentsize']}, expected {entry_size}")
+    table = _read_exactly(stream, header["e_phoff"], phnum * entry_size, "program header table")
+    segments = []
+    for index in range(phnum):
+        raw = layouts.phdr.unpack(table, index * entry_size)
+        segments.append(_Segment(raw["p_type"], raw["p_offset"], raw["p_vaddr"], raw["p_filesz"]))
+    return segments
+
+
+def _dynamic_entries(data: bytes, layouts: _Layouts) -> Iterator[tuple[int, int]]:
+    size = layouts.dyn.packer.size
+    for start in range(0, len(data) - size + 1, size):
+        raw = layouts.dyn.unpack(data, start)
+        if raw["d_tag"] == _DT_NULL:
+            return
+        yield raw["d_tag"], raw["d_val"]
+
+
+def _file_offset(segments: list[_Segment], vaddr: int) -> int:
+    """Map a virtual address to a file offset through the PT_LOAD segment holding it."""
+    for segment in segments:
+        if segment.kind == _PT_LOAD and segment.vaddr <= vaddr < segment.vaddr + segment.filesz:
+            return segment.offset + (vaddr - segment.vaddr)
+    raise _Corrupt(f"DT_STRTAB address {vaddr:#x} lies in no PT_LOAD segment")
+
+
+def _read_soname(stream: BinaryIO) -> SonameResult:
+    ident = stream.read(16)
+    if ident[:4] != _ELF_MAGIC:
+        return SonameUnreadable("not an ELF file (bad magic)")
+    if len(ident) < 16:
+        raise _Corrupt("truncated ELF identification")
+    elfclass = {1: 32, 2: 64}.get(ident[4])
+    byte_order = {1: True, 2: False}.get(ident[5])
+    if elfclass is None or byte_order is None:
+        raise _Corrupt(f"unknown ELF class {ident[4]} or data encoding {ident[5]}")
+    layouts = _layouts(byte_order, elfclass)
+    header = layouts.ehdr.unpack(_read_exactly(stream, 0, layouts.ehdr.packer.size, "header"))
+    segments = _program_headers(stream, layouts, header)
+    if not segments:
+        return SonameAbsent("no program headers (a relocatable object file?)")
+    dynamic = next((s for s in segments if s.kind == _PT_DYNAMIC), None)
+    if dynamic is None:
+        return SonameAbsent("no dynamic segment (a static executable?)")
+    if dynamic.filesz > MAX_DYNAMIC_BYTES:
+        raise _Corrupt(f"dynamic segment of {dynamic.filesz} bytes is implausibly large")
+    data = _read_exactly(stream, dynamic.offset, dynamic.filesz, "dynamic segment")
+
+    # A repeated tag: the last one wins, as in ld.so's and ldconfig's own loops.
+    tags = dict(_dynamic_entries(data, layouts))
+    if _DT_SONAME not in tags:
+        return SonameAbsent("the dynamic segment has no DT_SONAME")
+    if _DT_STRTAB not in tags:
+        raise _Corrupt("DT_SONAME without DT_STRTAB")
+    name_offset = tags[_DT_SONAME]
+    limit = MAX_SONAME_BYTES + 1
+    if _DT_STRSZ in tags:
+        if name_offset >= tags[_DT_STRSZ]:
+            raise _Corrupt("DT_SONAME points past the end of the string table")
+        limit = min(limit, tags[_DT_STRSZ] - name_offset)
+    start = _file_offset(segments, tags[_DT_STRTAB]) + name_offset
+    if not 0 <= start < _MAX_OFFSET:
+        raise _Corrupt(f"SONAME offset {start} lies outside any plausible file")
+    stream.seek(start)
+    raw_name = stream.read(limit)
+    end = raw_name.find(b"\0")
+    if end < 0:
+        raise _Corrupt("SONAME string is not terminated within the string table")
+    return SonameFound(os.fsdecode(raw_name[:end]))
+
+
+def _decode_soname(stream: BinaryIO) -> SonameResult:
+    """Like :func:`read_soname`, but lets ``OSError`` through (the cache must not keep it)."""
+    try:
+        stream.seek(0)
+        return _read_soname(stream)
+    except _Corrupt as e:
+        return SonameUnreadable(f"corrupt ELF file: {e}")
+    except _CORRUPT_INPUT_ERRORS as e:
+        return SonameUnreadable(f"corrupt ELF file: {type(e).__name__}: {e}")
+
+
+def read_soname(stream: BinaryIO) -> SonameResult:
+    """Read ``DT_SONAME`` from a seekable binary ``stream`` positioned anywhere.
+
+    Reads only the ELF header, the program headers, ``PT_DYNAMIC`` and the SONAME bytes.
+    Never raises for bad input: corrupt and non-ELF data and I/O errors give
+    :class:`SonameUnreadable`.
+    """
+    try:
+        return _decode_soname(stream)
+    except OSError as e:
+        return SonameUnreadable(f"read error: {e.strerror or e}")
+
+
+def read_soname_from_bytes(data: bytes) -> SonameResult:
+    """:func:`read_soname` over an in-memory copy of a file."""
+    return read_soname(io.BytesIO(data))
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache: one stat per lookup once a library was read
+
+
+_FileKey: TypeAlias = tuple[int, int, int, int, int]
+
+
+def file_key(st: os.stat_result) -> _FileKey:
+    """Identity and version of a file: device, inode, size, mtime and ctime (ns).
+
+    ctime is included because rewriting a file and restoring its mtime still moves ctime.
+    """
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def open_for_reading(path: Path) -> BinaryIO:
+    """Open ``path`` unbuffered, never blocking (a FIFO swapped in after ``stat``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    return os.fdopen(fd, "rb", buffering=0)
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Counters of a :class:`SonameCache`."""
+
+    hits: int
+    """Lookups answered from the cache (one ``stat``)."""
+    misses: int
+    """Lookups that opened and read the file."""
+    size: int
+    """Entries held now."""
+
+
+class SonameCache:
+    """Thread-safe bounded LRU of SONAME results, keyed by :func:`file_key`.
+
+    A hit costs one ``stat``. A miss opens the file, keys the result by ``fstat`` of the
+    open file (so a file replaced between ``stat`` and ``open`` is cached under what was
+    actually read) and reads it. Failures to stat or open are returned, never cached.
+    """
+
+    def __init__(
+        self,
+        maxsize: int = 4096,
+        *,
+        opener: Callable[[Path], BinaryIO] = open_for_reading,
+    ) -> None:
+        if maxsize < 1:
+            raise ValueError("maxsize must be at least 1")
+        self._maxsize = maxsize
+        self._opener = opener
+        self._entries: OrderedDict[_FileKey, SonameResult] = OrderedDict()
+        self._lock = threading.Lock()
+        self._hits = 0
+        self._misses = 0
+
+    @property
+    def stats(self) -> CacheStats:
+        """Hit and miss counters and the current size."""
+        with self._lock:
+            return CacheStats(self._hits, self._misses, len(self._entries))
+
+    def lookup(self, path: Path) -> SonameResult:
+        """The SONAME result for the file at ``path`` (symlinks followed); never raises."""
+        try:
+            st = path.stat()
+        except OSError as e:
+            return SonameUnreadable(f"cannot stat: {e.strerror or e}")
+        if not stat.S_ISREG(st.st_mode):
+            return SonameUnreadable("not a regular file")
+        key = file_key(st)
+        with self._lock:
+            cached = self._entries.get(key)
+            if cached is not None:
+                self._entries.move_to_end(key)
+                self._hits += 1
+                return cached
+            self._misses += 1
+        try:
+            stream = self._opener(path)
+        except OSError as e:
+            return SonameUnreadable(f"cannot open: {e.strerror or e}")
+        with stream:
+            try:
+                st = os.fstat(stream.fileno())
+            except (OSError, io.UnsupportedOperation):
+                pass  # a test double without a descriptor: keep the stat() key
+            else:
+                if not stat.S_ISREG(st.st_mode):
+                    return SonameUnreadable("not a regular file")
+                key = file_key(st)
+            try:
+                result = _decode_soname(stream)
+            except OSError as e:
+                return SonameUnreadable(f"read error: {e.strerror or e}")
+        with self._lock:
+            self._entries[key] = result
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._maxsize:
+                self._entries.popitem(last=False)
+        return result

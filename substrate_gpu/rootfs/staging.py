@@ -1,0 +1,383 @@
+"""Staging SONAME symlinks in the actor rootfs, in place of nvidia-ctk's update-ldcache hook.
+
+Why this exists (brief §3.7): update-ldcache runs ldconfig, which unshares a mount namespace
+and mounts a private /proc; the kernel refuses that under the pod's masked /proc, and
+unmasking it would cost the worker its security posture. The hook's only lasting effect
+on the libraries we bind-mount is the SONAME links ``ldconfig -n`` creates next to them
+(``libcuda.so.1 -> libcuda.so.580.65.06``), so we create exactly those, before the runtime
+starts. ``ldconfig -n DIR`` on the same files is the reference the tests compare against.
+
+The decisions are a pure function (:func:`plan_soname_links`) of the libraries, their
+container destinations and their SONAMEs; the effects (reading SONAMEs through the
+:class:`~substrate_gpu.rootfs.sonames.SonameCache`, writing links through the confined
+writer) are a thin shell around it. Rules, in order:
+
+- only files whose basename contains ``.so.`` (versioned shared objects) are considered;
+- unreadable or non-ELF files are skipped with a warning; an ELF without SONAME is skipped;
+- a SONAME equal to the basename needs no link;
+- a SONAME that is not a plain file name (``/``, ``.``, ``..``, empty, NUL) is refused with a
+  warning: an untrusted library must not steer the link elsewhere;
+- when several libraries in one directory share a SONAME, the highest version wins, with
+  ldconfig's own ordering (``_dl_cache_libcmp``);
+- a link name that is itself a mount destination in that directory is never created (the
+  mount would land on our link);
+- the link ``<dirname(dest)>/<soname> -> <basename(dest)>`` is relative and confined to the
+  rootfs (:mod:`substrate_gpu.rootfs.confined`); an existing link with another target is
+  replaced atomically like ldconfig does; a file or directory under that name is left alone.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+
+from substrate_gpu.exceptions import InjectionError
+from substrate_gpu.rootfs import confined
+from substrate_gpu.rootfs.sonames import (
+    SonameAbsent,
+    SonameCache,
+    SonameResult,
+    SonameUnreadable,
+)
+
+_log = structlog.get_logger(__name__)
+
+
+class StagingLog(Protocol):
+    """The slice of a structlog bound logger staging uses."""
+
+    def debug(self, event: str, /, **fields: object) -> object:
+        """Log at debug level."""
+
+    def info(self, event: str, /, **fields: object) -> object:
+        """Log at info level."""
+
+    def warning(self, event: str, /, **fields: object) -> object:
+        """Log at warning level."""
+
+
+class SkipReason(enum.StrEnum):
+    """Why no link was staged for a library."""
+
+    NOT_VERSIONED = "not_versioned"
+    """The basename has no ``.so.``: not a versioned shared object."""
+    UNREADABLE = "unreadable"
+    """The host file is not a readable ELF file (warning)."""
+    NO_SONAME = "no_soname"
+    """A well-formed ELF file without ``DT_SONAME``."""
+    SONAME_IS_BASENAME = "soname_is_basename"
+    """The SONAME is the file's own name: the loader finds it without a link."""
+    UNSAFE_SONAME = "unsafe_soname"
+    """The SONAME is not a plain file name; refused (warning)."""
+    SUPERSEDED = "superseded"
+    """Another library in the same directory has the same SONAME and a higher version."""
+    UNSAFE_DESTINATION = "unsafe_destination"
+    """The destination directory cannot be resolved safely inside the rootfs (warning)."""
+    OCCUPIED = "occupied"
+    """The link name is taken by a file, a directory or another mount destination (warning)."""
+
+
+#: Reasons that mean something is wrong with the host or the image, logged as warnings.
+WARNING_REASONS = frozenset(
+    {
+        SkipReason.UNREADABLE,
+        SkipReason.UNSAFE_SONAME,
+        SkipReason.UNSAFE_DESTINATION,
+        SkipReason.OCCUPIED,
+    }
+)
+
+
+@dataclass(frozen=True)
+class StagedLink:
+    """A SONAME link that is in place in the rootfs."""
+
+    library: Path
+    """The host library it names."""
+    link: str
+    """The link's path in the container, e.g. ``/usr/lib/x86_64-linux-gnu/libcuda.so.1``."""
+    target: str
+    """The link's (relative) target: the library's basename, e.g. ``libcuda.so.580.65.06``."""
+
+
+@dataclass(frozen=True)
+class SkippedLibrary:
+    """A library for which no link was staged."""
+
+    library: Path
+    """The host library."""
+    destination: str
+    """Its mount destination in the container."""
+    reason: SkipReason
+    """Why, as a stable value for callers and metrics."""
+    detail: str
+    """Why, for humans (the SONAME, the parse error, the path that would not resolve)."""
+
+
+@dataclass(frozen=True)
+class StagingReport:
+    """What :func:`stage_soname_links` did, in input order within each kind."""
+
+    created: tuple[StagedLink, ...] = ()
+    """Links that did not exist and were created."""
+    replaced: tuple[StagedLink, ...] = ()
+    """Links that pointed elsewhere and were replaced atomically."""
+    existing: tuple[StagedLink, ...] = ()
+    """Links that were already correct (a second staging finds all of them here)."""
+    skipped: tuple[SkippedLibrary, ...] = ()
+    """Libraries without a link, with the reason."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The pure core
+
+
+def is_versioned_library(name: str) -> bool:
+    """Whether a basename names a versioned shared object (contains ``.so.``)."""
+    return ".so." in name
+
+
+def libcmp(left: str, right: str) -> int:
+    """ldconfig's ``_dl_cache_libcmp``: compare names with digit runs compared as numbers.
+
+    Positive when ``left`` sorts after ``right`` (is the higher version). A digit sorts
+    after any other character, as in glibc.
+    """
+    i = j = 0
+    while i < len(left):
+        if left[i].isdigit():
+            if j >= len(right) or not right[j].isdigit():
+                return 1
+            start_i, start_j = i, j
+            while i < len(left) and left[i].isdigit():
+                i += 1
+            while j < len(right) and right[j].isdigit():
+                j += 1
+            difference = int(left[start_i:i]) - int(right[start_j:j])
+            if difference:
+                return difference
+        elif j < len(right) and right[j].isdigit():
+            return -1
+        elif j >= len(right) or left[i] != right[j]:
+            return ord(left[i]) - (ord(right[j]) if j < len(right) else 0)
+        else:
+            i += 1
+            j += 1
+    return -(ord(right[j]) if j < len(right) else 0)
+
+
+@dataclass(frozen=True)
+class PlannedLink:
+    """A link :func:`plan_soname_links` decided to stage."""
+
+    library: Path
+    """The host library."""
+    destination: str
+    """Its mount destination in the container, as given."""
+    directory: str
+    """The container directory of the mount destination (and of the link)."""
+    name: str
+    """The link name: the SONAME."""
+    target: str
+    """The link target: the destination's basename."""
+
+    @property
+    def link(self) -> str:
+        """The link's container path."""
+        return f"{self.directory.rstrip('/')}/{self.name}"
+
+
+def _link_name(basename: str, result: SonameResult) -> str | tuple[SkipReason, str]:
+    """The link name for one library, or why there is none."""
+    if not is_versioned_library(basename):
+        return SkipReason.NOT_VERSIONED, f"{basename!r} has no '.so.' in its name"
+    if isinstance(result, SonameUnreadable):
+        return SkipReason.UNREADABLE, result.reason
+    if isinstance(result, SonameAbsent):
+        return SkipReason.NO_SONAME, result.reason
+    if not confined.is_plain_name(result.soname):
+        return SkipReason.UNSAFE_SONAME, f"SONAME {result.soname!r} is not a plain file name"
+    if result.soname == basename:
+        return SkipReason.SONAME_IS_BASENAME, f"SONAME {result.soname!r} is the file name"
+    return result.soname
+
+
+def plan_soname_links(
+    libraries: Sequence[tuple[Path, str, SonameResult]],
+) -> tuple[list[PlannedLink], list[SkippedLibrary]]:
+    """Decide which links to stage for (host library, container destination, SONAME) triples.
+
+    Pure: no file system access. Libraries whose basename has no ``.so.`` should not be
+    passed (their SONAME is never read); they are skipped here as well if they are.
+    """
+    skipped: list[SkippedLibrary] = []
+    candidates: list[PlannedLink] = []
+    destinations: dict[str, set[str]] = {}
+    for library, destination, result in libraries:
+        try:
+            parent, basename = confined.split_link_path(destination)
+        except ValueError as e:
+            skipped.append(
+                SkippedLibrary(library, destination, SkipReason.UNSAFE_DESTINATION, str(e))
+            )
+            continue
+        directory = "/" + parent
+        destinations.setdefault(directory, set()).add(basename)
+        name = _link_name(basename, result)
+        if isinstance(name, tuple):
+            skipped.append(SkippedLibrary(library, destination, *name))
+        else:
+            candidates.append(PlannedLink(library, destination, directory, name, basename))
+
+    # ldconfig keeps one library per (directory, SONAME): the highest version.
+    winners: dict[tuple[str, str], PlannedLink] = {}
+    for candidate in candidates:
+        key = (candidate.directory, candidate.name)
+        best = winners.get(key)
+        if best is None or libcmp(best.target, candidate.target) < 0:
+            winners[key] = candidate
+    planned: list[PlannedLink] = []
+    for candidate in candidates:
+        best = winners[(candidate.directory, candidate.name)]
+        if best is not candidate:
+            skipped.append(
+                SkippedLibrary(
+                    candidate.library,
+                    candidate.destination,
+                    SkipReason.SUPERSEDED,
+                    f"{best.target!r} is a newer library with SONAME {candidate.name!r}",
+                )
+            )
+        elif candidate.name in destinations[candidate.directory]:
+            skipped.append(
+                SkippedLibrary(
+                    candidate.library,
+                    candidate.destination,
+                    SkipReason.OCCUPIED,
+                    f"link name {candidate.name!r} is itself a mount destination",
+                )
+            )
+        else:
+            planned.append(candidate)
+    return planned, skipped
+
+
+# ---------------------------------------------------------------------------------------------
+# The effectful shell
+
+
+def _read_sonames(
+    libraries: Iterable[tuple[Path, str]], cache: SonameCache
+) -> list[tuple[Path, str, SonameResult]]:
+    triples: list[tuple[Path, str, SonameResult]] = []
+    for library, destination in dict.fromkeys(libraries):  # the same mount twice is one mount
+        name = destination.rsplit("/", 1)[-1]
+        if is_versioned_library(name):
+            triples.append((library, destination, cache.lookup(library)))
+        else:
+            triples.append((library, destination, SonameAbsent("not a versioned library")))
+    return triples
+
+
+def _write_links(
+    rootfs: Path, planned: Sequence[PlannedLink]
+) -> tuple[dict[PlannedLink, confined.LinkOutcome], dict[PlannedLink, str]]:
+    """Create the links, one directory resolution per directory; return outcomes and refusals."""
+    outcomes: dict[PlannedLink, confined.LinkOutcome] = {}
+    refused: dict[PlannedLink, str] = {}
+    by_directory: dict[str, list[PlannedLink]] = {}
+    for link in planned:
+        by_directory.setdefault(link.directory, []).append(link)
+    for directory, links in by_directory.items():
+        try:
+            with confined.open_dir_in_root(rootfs, directory, create=True) as fd:
+                for link in links:
+                    outcomes[link] = confined.ensure_symlink_at(fd, link.name, link.target)
+        except confined.ConfinedPathError as e:
+            for link in links:
+                if link not in outcomes:
+                    refused[link] = e.problem
+        except OSError as e:
+            raise InjectionError(
+                f"while staging SONAME links in {directory} of rootfs {rootfs}: {e}; "
+                "check that the rootfs is writable and has space"
+            ) from e
+    return outcomes, refused
+
+
+def stage_soname_links(
+    rootfs: Path,
+    libraries: Iterable[tuple[Path, str]],
+    *,
+    cache: SonameCache,
+    log: StagingLog | None = None,
+) -> StagingReport:
+    """Create the SONAME links ``ldconfig -n`` would create for mounted libraries.
+
+    ``libraries`` are (host file, container destination) pairs, e.g.
+    ``(Path("/usr/local/nvidia/lib64/libcuda.so.580.65.06"),
+    "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06")``. Every write is confined to
+    ``rootfs``. Idempotent: a second call reports every link as existing.
+
+    Raises :class:`~substrate_gpu.exceptions.InjectionError` only for I/O failures in the
+    rootfs (read-only, full); bad libraries and hostile paths are skipped and reported.
+    """
+    logger: StagingLog = log if log is not None else _log
+    planned, skipped = plan_soname_links(_read_sonames(libraries, cache))
+    outcomes, refused = _write_links(rootfs, planned)
+
+    created: list[StagedLink] = []
+    replaced: list[StagedLink] = []
+    existing: list[StagedLink] = []
+    for link in planned:
+        staged = StagedLink(link.library, link.link, link.target)
+        outcome = outcomes.get(link)
+        if outcome is confined.LinkOutcome.CREATED:
+            created.append(staged)
+            logger.debug(
+                "soname_link_created", library=str(link.library), link=link.link, target=link.target
+            )
+        elif outcome is confined.LinkOutcome.REPLACED:
+            replaced.append(staged)
+            logger.info(
+                "soname_link_replaced",
+                library=str(link.library),
+                link=link.link,
+                target=link.target,
+            )
+        elif outcome is confined.LinkOutcome.EXISTS:
+            existing.append(staged)
+            logger.debug("soname_link_exists", library=str(link.library), link=link.link)
+        elif outcome is confined.LinkOutcome.OCCUPIED:
+            detail = f"{link.link} exists and is not a symlink; left alone"
+            skipped.append(
+                SkippedLibrary(link.library, link.destination, SkipReason.OCCUPIED, detail)
+            )
+        else:
+            detail = f"{link.directory}: {refused[link]}"
+            skipped.append(
+                SkippedLibrary(
+                    link.library, link.destination, SkipReason.UNSAFE_DESTINATION, detail
+                )
+            )
+
+    for entry in skipped:
+        emit = logger.warning if entry.reason in WARNING_REASONS else logger.debug
+        emit(
+            "soname_link_skipped",
+            library=str(entry.library),
+            destination=entry.destination,
+            reason=entry.reason.value,
+            detail=entry.detail,
+        )
+    return StagingReport(
+        created=tuple(created),
+        replaced=tuple(replaced),
+        existing=tuple(existing),
+        skipped=tuple(skipped),
+    )

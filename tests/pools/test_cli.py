@@ -1,0 +1,140 @@
+"""``substrate-gpu pool validate|render|crd``: output and exit codes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from substrate_gpu.cli import EXIT_FAILED, EXIT_INVALID, EXIT_OK, main
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "pools"
+VALID = sorted((DATA / "valid").glob("*.yaml"))
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
+    code = main(["pool", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_validate_accepts_every_valid_example(capsys: pytest.CaptureFixture[str]) -> None:
+    """Valid files exit 0 and say ok for each document."""
+    code, out, _ = run(capsys, "validate", *VALID)
+    assert code == EXIT_OK
+    assert out.count(": ok") == len(VALID)
+
+
+def test_validate_reports_all_errors_of_all_files(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every error of every file and document is printed, with its path; exit 3."""
+    code, _, err = run(
+        capsys, "validate", DATA / "invalid" / "microvm-gpu.yaml", DATA / "invalid" / "several.yaml"
+    )
+    assert code == EXIT_INVALID
+    assert 'microvm-gpu.yaml: error: spec.template.resources.limits["nvidia.com/gpu"]' in err
+    assert err.count("several.yaml#2: error:") == 3
+    assert "several.yaml#1" not in err
+
+
+def test_validate_warning_alone_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    """A warning is printed but does not fail validation."""
+    code, _, err = run(capsys, "validate", DATA / "warnings" / "distroless.yaml")
+    assert code == EXIT_OK
+    assert "warning: spec.ateomImage" in err and "nvidia-ctk" in err
+
+
+def test_validate_bad_yaml_names_the_file_and_goes_on(capsys: pytest.CaptureFixture[str]) -> None:
+    """A file that is not YAML is reported with its line, the others still checked; exit 3."""
+    code, out, err = run(capsys, "validate", DATA / "invalid" / "bad-yaml.yaml", VALID[0])
+    assert code == EXIT_INVALID
+    assert "bad-yaml.yaml:4:" in err
+    assert f"{VALID[0]}: ok" in out
+
+
+def test_validate_missing_file_exits_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A file that cannot be read at all is an operational failure: exit 1."""
+    code, _, err = run(capsys, "validate", tmp_path / "nope.yaml", VALID[0])
+    assert code == EXIT_FAILED
+    assert "nope.yaml" in err
+
+
+def test_render_prints_applyable_yaml(capsys: pytest.CaptureFixture[str]) -> None:
+    """render prints the worker Deployment as YAML on stdout."""
+    code, out, _ = run(capsys, "render", DATA / "valid" / "gpu-pool-flat.yaml")
+    assert code == EXIT_OK
+    (deployment,) = yaml.safe_load_all(out)
+    assert (deployment["kind"], deployment["metadata"]["name"]) == (
+        "Deployment",
+        "gpu-pool-flat-workers",
+    )
+
+
+def test_render_multi_document_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Each pool of a multi-document file renders its own Deployment."""
+    both = tmp_path / "both.yaml"
+    both.write_text(
+        "\n---\n".join((DATA / "valid" / n).read_text() for n in ("cpu-pool.yaml", "mps-pool.yaml"))
+    )
+    code, out, _ = run(capsys, "render", both)
+    assert code == EXIT_OK
+    assert [d["metadata"]["name"] for d in yaml.safe_load_all(out)] == [
+        "cpu-pool-workers",
+        "mps-pool-workers",
+    ]
+
+
+def test_render_invalid_pool_prints_nothing_and_exits_three(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An invalid pool is not rendered: errors on stderr, empty stdout, exit 3."""
+    code, out, err = run(capsys, "render", DATA / "invalid" / "microvm-gpu.yaml")
+    assert (code, out) == (EXIT_INVALID, "")
+    assert "only supported when sandboxClass is 'gvisor'" in err
+
+
+def test_render_uses_the_image_flag(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--ateom-image supplies the worker image for a pool that names none."""
+    monkeypatch.delenv("ATE_DEFAULT_ATEOM_IMAGE", raising=False)
+    code, out, _ = run(
+        capsys, "render", DATA / "valid" / "user-documented.yaml", "--ateom-image", "ateom:9"
+    )
+    assert code == EXIT_OK
+    assert "image: ateom:9" in out
+
+
+def test_render_without_any_image_fails_clearly(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without an image anywhere, render exits 1 and says what to set."""
+    monkeypatch.delenv("ATE_DEFAULT_ATEOM_IMAGE", raising=False)
+    code, out, err = run(capsys, "render", DATA / "valid" / "user-documented.yaml")
+    assert (code, out) == (EXIT_FAILED, "")
+    assert "ATE_DEFAULT_ATEOM_IMAGE" in err
+
+
+def test_render_forwards_the_driver_root(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller's ATE_NVIDIA_DRIVER_ROOT reaches GPU workers."""
+    monkeypatch.setenv("ATE_NVIDIA_DRIVER_ROOT", "/drv")
+    _, out, _ = run(capsys, "render", DATA / "valid" / "gpu-pool-flat.yaml")
+    assert "value: /drv" in out
+
+
+def test_crd_prints_the_crd(capsys: pytest.CaptureFixture[str]) -> None:
+    """crd prints the CustomResourceDefinition, identical to deploy/crd.yaml."""
+    code, out, _ = run(capsys, "crd")
+    assert code == EXIT_OK
+    assert out == (DATA.parents[2] / "deploy" / "crd.yaml").read_text()
+
+
+def test_render_bad_yaml_exits_three(capsys: pytest.CaptureFixture[str]) -> None:
+    """render refuses a file that is not YAML, naming its line, with nothing on stdout."""
+    code, out, err = run(capsys, "render", DATA / "invalid" / "bad-yaml.yaml")
+    assert (code, out) == (EXIT_INVALID, "")
+    assert "bad-yaml.yaml:4:" in err

@@ -1,0 +1,141 @@
+"""Rendered manifests: valid for real Kubernetes schemas, and the checked-in copies fresh."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]  # ships no py.typed; test-only
+import pytest
+import yaml
+from pool_cases import IMAGE, pool
+
+from substrate_gpu.pools import (
+    ControllerSettings,
+    PoolFileError,
+    crd,
+    load_pool,
+    manifests,
+    parse_documents,
+    render_crd,
+    render_node_agent_daemonset,
+    render_worker_deployment,
+    rules,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+EXAMPLES = ROOT / "tests" / "data" / "pools" / "valid"
+KUBERNETES = "1.30.0"
+"""The oldest Kubernetes whose CRDs support every feature we use (CEL messages, 1.25+)."""
+REGENERATE = (
+    "regenerate with: substrate-gpu pool deploy-files --examples tests/data/pools/valid "
+    "--output deploy"
+)
+
+
+def k8s_validate(obj: dict[str, Any]) -> None:
+    kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+
+
+def example_pools() -> list[Path]:
+    return sorted(EXAMPLES.glob("*.yaml"))
+
+
+def test_crd_is_valid_kubernetes() -> None:
+    """The CRD passes Kubernetes' own CustomResourceDefinition schema (strict)."""
+    k8s_validate(render_crd())
+
+
+def test_crd_carries_every_cel_rule() -> None:
+    """Every CEL rule is in the CRD, at the scope it was written for."""
+    schema = render_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]  # type: ignore[index]
+    in_crd = (
+        schema["x-kubernetes-validations"]
+        + schema["properties"]["spec"]["x-kubernetes-validations"]
+    )
+    assert in_crd == [r.to_validation() for r in rules.RULES if r.scope == "root"] + [
+        r.to_validation() for r in rules.RULES if r.scope == "spec"
+    ]
+
+
+def test_crd_defaults_sandbox_class_to_gvisor() -> None:
+    """sandboxClass defaults to gvisor, as upstream."""
+    spec = crd.render_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"][  # type: ignore[index]
+        "properties"
+    ]["spec"]
+    assert spec["properties"]["sandboxClass"]["default"] == "gvisor"
+
+
+@pytest.mark.parametrize("path", example_pools(), ids=lambda p: p.stem)
+def test_example_deployments_are_valid_kubernetes(path: Path) -> None:
+    """Every example pool's worker Deployment passes the apps/v1 schema (strict)."""
+    for doc in manifests.read_documents(path):
+        settings = ControllerSettings(driver_root="/x", default_image=IMAGE)
+        k8s_validate(render_worker_deployment(load_pool(doc.content), settings))
+
+
+def test_node_agent_daemonset_is_valid_and_tolerates_gpu_nodes() -> None:
+    """The node agent DaemonSet passes the schema and tolerates the nvidia.com/gpu taint."""
+    ds = render_node_agent_daemonset(ControllerSettings())
+    k8s_validate(ds)
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in ds["spec"][
+        "template"
+    ]["spec"]["tolerations"]  # type: ignore[index]
+
+
+def test_checked_in_deploy_files_are_not_stale() -> None:
+    """deploy/ holds exactly what the code generates today."""
+    expected = manifests.deploy_files(example_pools())
+    on_disk = {
+        str(p.relative_to(DEPLOY)): p.read_text(encoding="utf-8") for p in DEPLOY.rglob("*.yaml")
+    }
+    assert sorted(on_disk) == sorted(expected), REGENERATE
+    for name, content in expected.items():
+        assert on_disk[name] == content, f"deploy/{name} is stale; {REGENERATE}"
+
+
+def test_checked_in_manifests_are_valid_kubernetes() -> None:
+    """Every built-in object under deploy/ passes the Kubernetes schemas (strict)."""
+    checked = 0
+    for path in sorted(DEPLOY.rglob("*.yaml")):
+        for obj in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if obj["kind"] != "WorkerPool":
+                k8s_validate(obj)
+                checked += 1
+    assert checked >= 8
+
+
+def test_multi_document_file_names_each_document() -> None:
+    """Documents of a multi-document file are numbered and keep their start line."""
+    text = "a: 1\n---\n---\nb: 2\n"
+    docs = parse_documents(text, "f.yaml")
+    assert [(d.source, d.line, d.content) for d in docs] == [
+        ("f.yaml#1", 1, {"a": 1}),
+        ("f.yaml#2", 4, {"b": 2}),
+    ]
+
+
+def test_single_document_keeps_the_plain_file_name() -> None:
+    """A one-document file is named without a document number."""
+    assert [d.source for d in parse_documents(yaml.safe_dump(pool({})), "f.yaml")] == ["f.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        pytest.param("a: [1, 2\nb: 3\n", "f.yaml:2:", id="unclosed-flow"),
+        pytest.param("a: 1\n b: 2\n", "f.yaml:2:", id="bad-indent"),
+        pytest.param("a: 1\n---\nkey: 'x\n", "f.yaml:4:", id="second-document"),
+    ],
+)
+def test_bad_yaml_names_file_and_line(text: str, where: str) -> None:
+    """Invalid YAML is reported with the file, line and column."""
+    with pytest.raises(PoolFileError, match=f"while reading {where}"):
+        parse_documents(text, "f.yaml")
+
+
+def test_unreadable_file_is_a_pool_file_error(tmp_path: Path) -> None:
+    """A missing file is a clear PoolFileError naming it."""
+    with pytest.raises(PoolFileError, match="missing.yaml"):
+        manifests.read_documents(tmp_path / "missing.yaml")

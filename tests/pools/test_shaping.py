@@ -1,0 +1,184 @@
+"""The worker Deployment and its GPU shape."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pool_cases import IMAGE, pool
+
+from substrate_gpu.exceptions import ConfigError
+from substrate_gpu.pools import ControllerSettings, load_pool, render_worker_deployment
+
+SETTINGS = ControllerSettings()
+GPU_POOL = load_pool(
+    pool(
+        {
+            "resourceRequests": {"nvidia.com/gpu": "2", "cpu": "1"},
+            "maxWorkers": 3,
+            "nodeSelector": {"accelerator": "nvidia-gpu"},
+            "runtimeClassName": "nvidia",
+            "annotations": {"k8s.v1.cni.cncf.io/networks": "gpu-net"},
+            "ateomImage": IMAGE,
+        },
+        name="gpu-pool",
+    )
+)
+
+
+def pod_spec(deployment: dict[str, Any]) -> dict[str, Any]:
+    return deployment["spec"]["template"]["spec"]
+
+
+def worker(deployment: dict[str, Any]) -> dict[str, Any]:
+    (container,) = pod_spec(deployment)["containers"]
+    return container
+
+
+def test_gpu_count_on_runtime_container_with_request_equal_to_limit() -> None:
+    """The worker runtime container requests and is limited to the pool's GPU count."""
+    resources = worker(render_worker_deployment(GPU_POOL, SETTINGS))["resources"]
+    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == "2"
+
+
+def test_toolkit_is_mounted_read_only_from_the_default_host_path() -> None:
+    """The host toolkit is a read-only hostPath at /opt/nvidia-toolkit."""
+    d = render_worker_deployment(GPU_POOL, SETTINGS)
+    assert pod_spec(d)["volumes"] == [
+        {
+            "name": "nvidia-toolkit",
+            "hostPath": {"path": "/usr/local/nvidia/toolkit", "type": "Directory"},
+        }
+    ]
+    assert worker(d)["volumeMounts"] == [
+        {"name": "nvidia-toolkit", "mountPath": "/opt/nvidia-toolkit", "readOnly": True}
+    ]
+
+
+def test_toolkit_host_path_comes_from_the_controller_env() -> None:
+    """ATE_NVIDIA_TOOLKIT_HOST_PATH moves the hostPath, not the mount point."""
+    settings = ControllerSettings.from_env({"ATE_NVIDIA_TOOLKIT_HOST_PATH": "/opt/tk"})
+    d = render_worker_deployment(GPU_POOL, settings)
+    assert pod_spec(d)["volumes"][0]["hostPath"]["path"] == "/opt/tk"
+    assert worker(d)["volumeMounts"][0]["mountPath"] == "/opt/nvidia-toolkit"
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        # Forwarded when the controller has it...
+        pytest.param(
+            {"ATE_NVIDIA_DRIVER_ROOT": "/home/kubernetes/bin/nvidia"},
+            [{"name": "ATE_NVIDIA_DRIVER_ROOT", "value": "/home/kubernetes/bin/nvidia"}],
+            id="set",
+        ),
+        # ...and absent, not empty, when it does not (the agent's default then applies).
+        pytest.param({}, None, id="unset"),
+        pytest.param({"ATE_NVIDIA_DRIVER_ROOT": ""}, None, id="empty"),
+    ],
+)
+def test_driver_root_is_forwarded_only_when_set(env: dict[str, str], expected: object) -> None:
+    """ATE_NVIDIA_DRIVER_ROOT reaches GPU workers exactly when the controller sets it."""
+    d = render_worker_deployment(GPU_POOL, ControllerSettings.from_env(env))
+    assert worker(d).get("env") == expected
+
+
+def test_scheduling_and_metadata_are_carried() -> None:
+    """nodeSelector, runtimeClassName and annotations reach the worker pods."""
+    d = render_worker_deployment(GPU_POOL, SETTINGS)
+    spec = pod_spec(d)
+    assert (spec["nodeSelector"], spec["runtimeClassName"]) == (
+        {"accelerator": "nvidia-gpu"},
+        "nvidia",
+    )
+    assert d["spec"]["template"]["metadata"]["annotations"] == {
+        "k8s.v1.cni.cncf.io/networks": "gpu-net"
+    }
+
+
+def test_workers_carry_both_pool_labels() -> None:
+    """Workers are labelled substrate.io/worker-pool and ate.dev/worker-pool with the pool."""
+    labels = render_worker_deployment(GPU_POOL, SETTINGS)["spec"]["template"]["metadata"]["labels"]
+    assert labels == {"substrate.io/worker-pool": "gpu-pool", "ate.dev/worker-pool": "gpu-pool"}
+
+
+def test_tolerations_are_carried() -> None:
+    """template.tolerations reach the worker pods as given."""
+    p = load_pool(
+        pool(
+            {
+                "replicas": 1,
+                "ateomImage": IMAGE,
+                "template": {
+                    "tolerations": [
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                    ]
+                },
+            }
+        )
+    )
+    assert pod_spec(render_worker_deployment(p, SETTINGS))["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+
+
+@pytest.mark.parametrize(
+    "word", ["privileged", "hostUsers", "procMount", "allowPrivilegeEscalation", "capabilities"]
+)
+def test_gpu_worker_keeps_the_unprivileged_posture(word: str) -> None:
+    """No privileged mode, user namespace or procMount change anywhere in a GPU worker."""
+    assert word not in json.dumps(render_worker_deployment(GPU_POOL, SETTINGS))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param(
+            {
+                "replicas": 2,
+                "template": {"resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}}},
+            },
+            id="cpu-pool",
+        ),
+        pytest.param(
+            {"maxWorkers": 1, "resourceRequests": {"example.com/fpga": 1}},
+            id="other-extended-resource",
+        ),
+        pytest.param({"replicas": 1, "sandboxClass": "microvm"}, id="microvm-pool"),
+    ],
+)
+def test_non_gpu_pool_renders_as_without_the_gpu_feature(spec: dict[str, Any]) -> None:
+    """A pool without GPUs renders exactly as with GPU shaping disabled."""
+    p = load_pool(pool({**spec, "ateomImage": IMAGE}))
+    assert render_worker_deployment(p, SETTINGS) == render_worker_deployment(
+        p, SETTINGS, gpu_shaping=False
+    )
+
+
+def test_gpu_shaping_only_adds() -> None:
+    """GPU shaping adds to a GPU pool's rendering; the rest is the plain rendering."""
+    plain = render_worker_deployment(GPU_POOL, SETTINGS, gpu_shaping=False)
+    shaped = render_worker_deployment(GPU_POOL, SETTINGS)
+    worker(shaped)["resources"]["requests"].pop("nvidia.com/gpu")
+    worker(shaped)["resources"]["limits"].pop("nvidia.com/gpu")
+    assert not worker(shaped)["resources"]["limits"]
+    del worker(shaped)["resources"]["limits"], worker(shaped)["volumeMounts"]
+    del pod_spec(shaped)["volumes"]
+    assert shaped == plain
+
+
+def test_pool_without_image_needs_the_controller_default() -> None:
+    """A pool without ateomImage renders with ATE_DEFAULT_ATEOM_IMAGE, or fails clearly."""
+    p = load_pool(pool({"maxWorkers": 1, "resourceRequests": {"nvidia.com/gpu": 1}}))
+    d = render_worker_deployment(
+        p, ControllerSettings.from_env({"ATE_DEFAULT_ATEOM_IMAGE": "ateom:1"})
+    )
+    assert worker(d)["image"] == "ateom:1"
+    with pytest.raises(ConfigError, match="ATE_DEFAULT_ATEOM_IMAGE"):
+        render_worker_deployment(p, SETTINGS)
+
+
+def test_replicas_come_from_max_workers() -> None:
+    """maxWorkers sizes the Deployment."""
+    assert render_worker_deployment(GPU_POOL, SETTINGS)["spec"]["replicas"] == 3

@@ -1,0 +1,1 @@
+"""Helpers shared by test suites: real artefacts (ELF libraries) built on demand."""
