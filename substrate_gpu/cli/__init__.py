@@ -18,7 +18,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from substrate_gpu import exceptions
+from substrate_gpu import exceptions, observability
 from substrate_gpu.cli import _registry
 from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
@@ -42,6 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="substrate-gpu",
         description="NVIDIA GPUs for gVisor-sandboxed actors.",
     )
+    parser.add_argument(
+        "--log-format",
+        choices=["auto", "json", "console"],
+        default="auto",
+        help="log format on stderr (auto: console on a terminal, JSON lines otherwise)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="least severe level logged (default: WARNING; the agent uses INFO)",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in _registry.REGISTRARS:
         register(subparsers)
@@ -52,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    json_logs = {"auto": None, "json": True, "console": False}[args.log_format]
+    observability.configure_logging(json=json_logs, level=args.log_level)
     handler: Handler = args.handler
     try:
         return handler(args)

@@ -20,6 +20,7 @@ and friends are found and end up in the spec (brief §3.1).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 from dataclasses import dataclass, field
@@ -188,6 +189,7 @@ class CdiSpecGenerator:
             spec = cdi_.load_spec(tmp)
             cdi_.edits_for_all(spec)  # fail now, not at the first injection
             tmp.replace(config.spec_path)
+            spec = dataclasses.replace(spec, source=str(config.spec_path))
         except exceptions.ExternalCommandError as e:
             raise exceptions.ToolkitError(
                 f"while generating the CDI spec: {_explain_exec_failure(Path(argv[0]), e)}"

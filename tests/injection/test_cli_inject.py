@@ -1,0 +1,99 @@
+"""The ``inject``, ``cdi show`` and ``demo`` commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from substrate_gpu.cli import main
+from substrate_gpu.simulation import bundles
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "cdi"
+T4 = DATA / "real-world" / "kwx4957-study__ctk-1.20.0__drv-615.71.09__rocky9-T4.yaml"
+
+
+def test_cdi_show_prints_what_would_be_injected(capsys):
+    """cdi show lists the nodes with where their numbers come from, and hook verdicts."""
+    assert main(["cdi", "show", str(T4), "--driver-root", "/usr"]) == 0
+    out = capsys.readouterr().out
+    assert "Device nodes (6)" in out
+    assert "/dev/nvidiactl         c     195:255      spec" in out
+    assert "Mounts (50)" in out
+    assert "skip     update-ldcache" in out
+    assert "keep     enable-cuda-compat" in out
+    assert "NVIDIA_VISIBLE_DEVICES=void" not in out
+
+
+def test_inject_from_a_spec_file_then_again(gpu_node, node_spec, tmp_path, capsys):
+    """inject writes the bundle once; the second run reports already-injected."""
+    bundle = bundles.make_bundle(tmp_path / "b", ["true"])
+    argv = [
+        "inject",
+        "--bundle",
+        str(bundle),
+        "--cdi-spec",
+        node_spec.source,
+        "--driver-root",
+        str(gpu_node.driver_root),
+        "--dev-root",
+        str(gpu_node.root),
+        "--toolkit-dir",
+        str(gpu_node.toolkit_dir),
+    ]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith(f"injected: {bundle}")
+    assert len(json.loads((bundle / "config.json").read_text())["linux"]["devices"]) == 4
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith("already-injected")
+
+
+def test_inject_with_generate_runs_the_toolkit(gpu_node, tmp_path, capsys, monkeypatch):
+    """inject --generate runs the mounted toolkit's nvidia-ctk first."""
+    monkeypatch.setenv("NVIDIA_CTK_STANDIN_SYSTEM_ROOT", str(gpu_node.root))
+    bundle = bundles.make_bundle(tmp_path / "b", ["true"])
+    assert (
+        main(
+            [
+                "inject",
+                "--bundle",
+                str(bundle),
+                "--generate",
+                "--cdi-output-dir",
+                str(tmp_path / "cdi"),
+                "--driver-root",
+                str(gpu_node.driver_root),
+                "--dev-root",
+                str(gpu_node.root),
+                "--toolkit-dir",
+                str(gpu_node.toolkit_dir),
+            ]
+        )
+        == 0
+    )
+    assert (tmp_path / "cdi" / "nvidia.json").is_file()
+
+
+def test_inject_failure_exits_1_with_the_reason(tmp_path, capsys):
+    """A bundle without config.json fails with exit 1 and the path in the message."""
+    assert main(["inject", "--bundle", str(tmp_path), "--cdi-spec", str(T4)]) == 1
+    assert f"{tmp_path}/config.json" in capsys.readouterr().err
+
+
+def test_inject_needs_a_spec_source(tmp_path):
+    """Neither --cdi-spec nor --generate is a usage error (exit 2)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["inject", "--bundle", str(tmp_path)])
+    assert exit_info.value.code == 2
+
+
+@pytest.mark.runc
+def test_demo_runs_the_simulated_node_in_runc(runc_path, tmp_path, capsys):
+    """The demo injects, proves idempotency and runs each actor in real runc."""
+    assert main(["demo", "--workdir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "runtime: runc" in out
+    assert out.count("second injection: already-injected") == 2
+    assert "No such device or address" in out
+    assert "NVIDIA_VISIBLE_DEVICES=(unset)" in out
