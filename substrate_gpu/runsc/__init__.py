@@ -1,0 +1,38 @@
+"""Talking to runsc, gVisor's OCI runtime.
+
+``api`` is the contract the lifecycle codes against (:class:`SandboxRuntime`, the typed
+errors); ``argv`` builds every command line; ``errors`` maps runsc's messages to the typed
+errors; ``driver`` runs the binary. See ``docs/runsc.md``.
+"""
+
+from __future__ import annotations
+
+from substrate_gpu.runsc.api import (
+    ContainerNotFoundError,
+    ContainerState,
+    ContainerStatus,
+    ContainerStoppedError,
+    LiveNvproxyClientsError,
+    NotRestorableError,
+    RunscError,
+    RunscFeatures,
+    SandboxRuntime,
+    UnsupportedDriverError,
+)
+from substrate_gpu.runsc.driver import RunscConfig, RunscDriver, Timeouts
+
+__all__ = [
+    "ContainerNotFoundError",
+    "ContainerState",
+    "ContainerStatus",
+    "ContainerStoppedError",
+    "LiveNvproxyClientsError",
+    "NotRestorableError",
+    "RunscConfig",
+    "RunscDriver",
+    "RunscError",
+    "RunscFeatures",
+    "SandboxRuntime",
+    "Timeouts",
+    "UnsupportedDriverError",
+]

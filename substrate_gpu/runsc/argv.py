@@ -1,0 +1,142 @@
+"""Pure builders for every ``runsc`` command line substrate-gpu runs.
+
+The shapes come from the brief (§4) and gVisor's CLI, and they are the part of the runsc
+integration most worth pinning down in tests, so they live here as plain functions on plain
+data, with no I/O:
+
+- **Global flags come first**, before the subcommand: ``runsc --root R [--nvproxy] create …``.
+  runsc parses its global flags with Go's ``flag`` package, which stops at the first
+  non-flag argument; a global flag after the subcommand is parsed by the subcommand's own
+  flag set and rejected (``flag provided but not defined: -nvproxy``).
+- **``--nvproxy`` goes on ``create`` and ``restore`` only**, and on those for *every*
+  container of a GPU sandbox, the pause/root container included. The pause container
+  holds no GPU device, so runsc's auto-detection (which looks for NVIDIA devices in the
+  spec) never fires for it; the sandbox is then booted without nvproxy and the sentry
+  crashes when the GPU container joins. ``start``, ``checkpoint``, ``state``, ``kill`` and
+  ``delete`` act on an existing sandbox and never get it. The caller (the lifecycle) decides:
+  it passes ``nvproxy=True`` for all containers of a GPU sandbox.
+- **nvproxy-only global flags** (``--nvproxy-driver-version``,
+  ``--nvproxy-allowed-driver-capabilities``) travel with ``--nvproxy`` and nowhere else:
+  they configure the sandbox being booted.
+- Flag values are separate arguments (``--root R``), as in the brief; Go's ``flag`` accepts
+  both that and ``--root=R``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """How runsc is invoked on this node: the binary and its global flags."""
+
+    runsc: str
+    """The runsc executable (a path, or a name looked up on PATH)."""
+    root: Path
+    """``--root``: the directory where runsc keeps its container state."""
+    global_flags: tuple[str, ...] = ()
+    """Extra global flags on every command (``--platform=systrap``, ``--debug-log=/d/``)."""
+    nvproxy_flags: tuple[str, ...] = ()
+    """Extra global flags that travel with ``--nvproxy`` only
+    (``--nvproxy-driver-version=550.90.07``)."""
+
+
+def _prefix(inv: Invocation, *, nvproxy: bool = False) -> list[str]:
+    argv = [inv.runsc, "--root", str(inv.root), *inv.global_flags]
+    if nvproxy:
+        argv += ["--nvproxy", *inv.nvproxy_flags]
+    return argv
+
+
+def create(
+    inv: Invocation, container_id: str, *, bundle: Path, pid_file: Path, nvproxy: bool
+) -> tuple[str, ...]:
+    """``runsc --root R [--nvproxy] create --bundle B --pid-file P ID``."""
+    return (
+        *_prefix(inv, nvproxy=nvproxy),
+        "create",
+        "--bundle",
+        str(bundle),
+        "--pid-file",
+        str(pid_file),
+        container_id,
+    )
+
+
+def start(inv: Invocation, container_id: str) -> tuple[str, ...]:
+    """``runsc --root R start ID`` (never ``--nvproxy``: the sandbox already exists)."""
+    return (*_prefix(inv), "start", container_id)
+
+
+def checkpoint(
+    inv: Invocation,
+    container_id: str,
+    *,
+    image_path: Path,
+    leave_running: bool,
+    cuda_checkpoint_path: Path | None = None,
+) -> tuple[str, ...]:
+    """``runsc --root R checkpoint --image-path DIR [--leave-running]
+    [--cuda-checkpoint-path P] ID``."""
+    argv = [*_prefix(inv), "checkpoint", "--image-path", str(image_path)]
+    if leave_running:
+        argv.append("--leave-running")
+    if cuda_checkpoint_path is not None:
+        argv += ["--cuda-checkpoint-path", str(cuda_checkpoint_path)]
+    return (*argv, container_id)
+
+
+def restore(
+    inv: Invocation, container_id: str, *, bundle: Path, image_path: Path, nvproxy: bool
+) -> tuple[str, ...]:
+    """``runsc --root R [--nvproxy] restore --bundle B --image-path DIR --detach ID``.
+
+    Always ``--detach``: without it runsc blocks until the restored container exits.
+    """
+    return (
+        *_prefix(inv, nvproxy=nvproxy),
+        "restore",
+        "--bundle",
+        str(bundle),
+        "--image-path",
+        str(image_path),
+        "--detach",
+        container_id,
+    )
+
+
+def state(inv: Invocation, container_id: str) -> tuple[str, ...]:
+    """``runsc --root R state ID``."""
+    return (*_prefix(inv), "state", container_id)
+
+
+def kill(inv: Invocation, container_id: str, signal: str) -> tuple[str, ...]:
+    """``runsc --root R kill ID SIGNAL``."""
+    return (*_prefix(inv), "kill", container_id, signal)
+
+
+def delete(inv: Invocation, container_id: str, *, force: bool) -> tuple[str, ...]:
+    """``runsc --root R delete [--force] ID``."""
+    return (*_prefix(inv), "delete", *(("--force",) if force else ()), container_id)
+
+
+def version(inv: Invocation) -> tuple[str, ...]:
+    """``runsc --version``."""
+    return (inv.runsc, "--version")
+
+
+def help_command(inv: Invocation, command: str | None = None) -> tuple[str, ...]:
+    """``runsc help [COMMAND]``: the command list, or one command's flags."""
+    return (inv.runsc, "help", *((command,) if command else ()))
+
+
+def top_level_flags(inv: Invocation) -> tuple[str, ...]:
+    """``runsc flags``: the global flags, in Go ``flag`` format."""
+    return (inv.runsc, "flags")
+
+
+def list_supported_drivers(inv: Invocation) -> tuple[str, ...]:
+    """``runsc nvproxy list-supported-drivers``."""
+    return (inv.runsc, "nvproxy", "list-supported-drivers")

@@ -1,0 +1,315 @@
+"""The production :class:`~substrate_gpu.runsc.api.SandboxRuntime`: drives the runsc binary.
+
+A thin effectful shell around :mod:`substrate_gpu.runsc.argv` (what to run) and
+:mod:`substrate_gpu.runsc.errors` (what a failure means). Design decisions:
+
+- Every command runs through :func:`substrate_gpu._process.run_command`: a new session,
+  stdio to temporary files (``create``/``restore --detach`` hand their stdio to a sandbox
+  that outlives them) and, on timeout or cancellation, SIGKILL to the whole process group.
+  A hung runsc can therefore never wedge the agent.
+- Timeouts are per operation: ``create``, ``restore`` and ``checkpoint`` move a sandbox's
+  memory around and get minutes; ``state`` is a metadata read and gets seconds.
+- Features are **detected, never assumed** (``runsc --version``, ``runsc help checkpoint``,
+  ``runsc help``, ``runsc flags``) and cached after the first success. A failed detection is
+  not cached: the next caller asks again.
+- ``nvproxy`` is decided per call by the caller: True for every container of a GPU sandbox
+  on ``create`` and ``restore`` (the pause container included — see :mod:`.argv`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast, get_args
+
+import anyio
+
+from substrate_gpu import _process, exceptions
+from substrate_gpu.runsc import api, argv, errors
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds each runsc operation may take before its process group is killed."""
+
+    create: float = 120.0
+    """``create``: boots the sandbox (sentry, gofer, nvproxy)."""
+    start: float = 30.0
+    """``start``: starts the container's init in an existing sandbox."""
+    checkpoint: float = 600.0
+    """``checkpoint``: writes the whole sandbox memory to the image."""
+    restore: float = 600.0
+    """``restore``: boots a sandbox and reads the whole image back."""
+    state: float = 10.0
+    """``state``: reads runsc's metadata."""
+    kill: float = 10.0
+    """``kill``: signals the container."""
+    delete: float = 60.0
+    """``delete``: tears the sandbox down."""
+    detect: float = 10.0
+    """``--version``, ``help``, ``flags``, ``nvproxy list-supported-drivers``."""
+
+
+@dataclass(frozen=True)
+class RunscConfig:
+    """How to run runsc on this node."""
+
+    root: Path
+    """``--root``: runsc's state directory."""
+    runsc: str = "runsc"
+    """The runsc executable (path, or a name on PATH)."""
+    global_flags: tuple[str, ...] = ()
+    """Extra global flags on every container command (``--platform=systrap``)."""
+    nvproxy_flags: tuple[str, ...] = ()
+    """Extra global flags that travel with ``--nvproxy`` only
+    (``--nvproxy-driver-version=550.90.07``)."""
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    """Per-operation timeouts."""
+    pid_dir: Path | None = None
+    """Where ``create`` writes ``<id>.pid``; ``None``: ``<bundle>/runsc.pid``."""
+
+    @property
+    def invocation(self) -> argv.Invocation:
+        """The argv builders' view of this config."""
+        return argv.Invocation(
+            runsc=self.runsc,
+            root=self.root,
+            global_flags=self.global_flags,
+            nvproxy_flags=self.nvproxy_flags,
+        )
+
+
+_STATUSES: frozenset[str] = frozenset(get_args(api.ContainerStatus))
+
+
+def parse_state(container_id: str, stdout: str) -> api.ContainerState:
+    """Parse ``runsc state`` JSON (``id``, ``status``, ``pid``, ``bundle``).
+
+    Raises :class:`~substrate_gpu.runsc.api.RunscError` naming the container and the field
+    when the output is not the JSON runsc documents.
+    """
+
+    def bad(problem: str) -> api.RunscError:
+        return api.RunscError(
+            f"while querying the state of container {container_id}: runsc state printed "
+            f"{problem}: {_process.tail(stdout, 300) or '(nothing)'}",
+            argv=(),
+            returncode=0,
+            stderr="",
+        )
+
+    try:
+        raw: object = json.loads(stdout)
+    except json.JSONDecodeError as e:
+        raise bad(f"invalid JSON ({e.msg} at line {e.lineno} column {e.colno})") from e
+    if not isinstance(raw, dict):
+        raise bad("JSON that is not an object")
+    payload = cast("dict[str, object]", raw)
+    cid, status, pid, bundle = (payload.get(k) for k in ("id", "status", "pid", "bundle"))
+    if not isinstance(cid, str) or not cid:
+        raise bad("no string 'id'")
+    if not isinstance(status, str) or status not in _STATUSES:
+        raise bad(f"an unknown 'status' {status!r} (expected one of {sorted(_STATUSES)})")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid < 0:
+        raise bad(f"an invalid 'pid' {pid!r}")
+    if not isinstance(bundle, str):
+        raise bad("no string 'bundle'")
+    return api.ContainerState(
+        id=cid, status=cast("api.ContainerStatus", status), pid=pid, bundle=bundle
+    )
+
+
+def _has_flag(help_text: str, flag: str) -> bool:
+    # Go's flag.PrintDefaults lists "  -name type" (one dash); accept two for other printers.
+    return re.search(rf"(?m)^\s*--?{re.escape(flag)}\b", help_text) is not None
+
+
+def _has_command(help_text: str, command: str) -> bool:
+    # subcommands.ExplainGroup lists "\t<name>  <synopsis>".
+    return re.search(rf"(?m)^\s+{re.escape(command)}\b", help_text) is not None
+
+
+class RunscDriver:
+    """:class:`~substrate_gpu.runsc.api.SandboxRuntime` over the runsc binary."""
+
+    def __init__(self, config: RunscConfig) -> None:
+        self.config = config
+        self._inv = config.invocation
+        self._features: api.RunscFeatures | None = None
+        self._features_lock = anyio.Lock()
+
+    async def _run(
+        self, args: tuple[str, ...], *, timeout: float, doing: str
+    ) -> _process.CommandResult:
+        try:
+            return await _process.run_command(args, timeout=timeout, what=doing)
+        except exceptions.ExternalCommandError as e:
+            raise errors.from_command_error(e) from e
+
+    # -- feature detection --------------------------------------------------------------
+
+    async def features(self) -> api.RunscFeatures:
+        """Detect (once, then cached) what this runsc supports."""
+        if self._features is not None:
+            return self._features
+        async with self._features_lock:
+            if self._features is None:
+                self._features = await self._detect()
+            return self._features
+
+    async def _detect(self) -> api.RunscFeatures:
+        timeout = self.config.timeouts.detect
+        doing = f"detecting the features of {self.config.runsc}"
+        version = await self._run(argv.version(self._inv), timeout=timeout, doing=doing)
+        first_line = next((ln.strip() for ln in version.stdout.splitlines() if ln.strip()), "")
+        if not first_line:
+            raise api.RunscError(
+                f"while {doing}: '{self.config.runsc} --version' printed nothing; is this runsc?",
+                argv=version.argv,
+                returncode=version.returncode,
+                stderr=version.stderr,
+            )
+        # help output goes to stdout on success; an unknown topic exits 2. Neither is fatal:
+        # a flag we cannot see is a flag we do not use.
+        checkpoint_help = await self._help_text(argv.help_command(self._inv, "checkpoint"))
+        commands_help = await self._help_text(argv.help_command(self._inv))
+        flags_help = await self._help_text(argv.top_level_flags(self._inv))
+        return api.RunscFeatures(
+            version=first_line,
+            leave_running=_has_flag(checkpoint_help, "leave-running"),
+            cuda_checkpoint_path=_has_flag(checkpoint_help, "cuda-checkpoint-path"),
+            nvproxy_driver_version=_has_flag(flags_help, "nvproxy-driver-version"),
+            list_supported_drivers=_has_command(commands_help, "nvproxy"),
+        )
+
+    async def _help_text(self, args: tuple[str, ...]) -> str:
+        try:
+            result = await _process.run_command(
+                args,
+                timeout=self.config.timeouts.detect,
+                what=f"detecting the features of {self.config.runsc}",
+                check=False,
+            )
+        except exceptions.ExternalCommandError as e:
+            raise errors.from_command_error(e) from e
+        return result.stdout + "\n" + result.stderr
+
+    async def list_supported_drivers(self) -> tuple[str, ...]:
+        """The NVIDIA driver versions this runsc's nvproxy supports, as runsc lists them.
+
+        Raises :class:`~substrate_gpu.runsc.api.RunscError` when this runsc has no
+        ``nvproxy list-supported-drivers`` (upgrade runsc, or pin the driver ABI with
+        ``--nvproxy-driver-version``).
+        """
+        args = argv.list_supported_drivers(self._inv)
+        doing = f"listing the NVIDIA drivers supported by {self.config.runsc}"
+        if not (await self.features()).list_supported_drivers:
+            raise api.RunscError(
+                f"while {doing}: this runsc has no 'nvproxy list-supported-drivers' command; "
+                "upgrade runsc or check the driver against gVisor's release notes",
+                argv=args,
+                returncode=None,
+                stderr="",
+            )
+        result = await self._run(args, timeout=self.config.timeouts.detect, doing=doing)
+        return tuple(ln.strip() for ln in result.stdout.splitlines() if ln.strip())
+
+    # -- container lifecycle --------------------------------------------------------------
+
+    def pid_file(self, container_id: str, bundle: Path) -> Path:
+        """Where ``create`` asks runsc to write the sandbox pid."""
+        if self.config.pid_dir is None:
+            return bundle / "runsc.pid"
+        return self.config.pid_dir / f"{container_id}.pid"
+
+    async def create(self, container_id: str, bundle: Path, *, nvproxy: bool) -> None:
+        """``runsc --root R [--nvproxy] create --bundle B --pid-file P ID``.
+
+        Pass ``nvproxy=True`` for every container of a GPU sandbox, the pause container too.
+        """
+        args = argv.create(
+            self._inv,
+            container_id,
+            bundle=bundle,
+            pid_file=self.pid_file(container_id, bundle),
+            nvproxy=nvproxy,
+        )
+        await self._run(
+            args, timeout=self.config.timeouts.create, doing=f"creating container {container_id}"
+        )
+
+    async def start(self, container_id: str) -> None:
+        """``runsc --root R start ID``."""
+        await self._run(
+            argv.start(self._inv, container_id),
+            timeout=self.config.timeouts.start,
+            doing=f"starting container {container_id}",
+        )
+
+    async def checkpoint(
+        self,
+        container_id: str,
+        image_path: Path,
+        *,
+        leave_running: bool,
+        cuda_checkpoint_path: Path | None = None,
+    ) -> None:
+        """``runsc --root R checkpoint --image-path DIR [--leave-running] ID``.
+
+        Without ``leave_running`` a *successful* checkpoint stops the sandbox (it stays
+        ``stopped`` until deleted), and so does a *failed* one. Use a fresh ``image_path``
+        per attempt: runsc refuses to overwrite an existing ``checkpoint.img``.
+        """
+        await self._run(
+            argv.checkpoint(
+                self._inv,
+                container_id,
+                image_path=image_path,
+                leave_running=leave_running,
+                cuda_checkpoint_path=cuda_checkpoint_path,
+            ),
+            timeout=self.config.timeouts.checkpoint,
+            doing=f"checkpointing container {container_id}",
+        )
+
+    async def restore(
+        self, container_id: str, bundle: Path, image_path: Path, *, nvproxy: bool
+    ) -> None:
+        """``runsc --root R [--nvproxy] restore --bundle B --image-path DIR --detach ID``.
+
+        Pass ``nvproxy=True`` for every container of a GPU sandbox, the pause container too.
+        """
+        await self._run(
+            argv.restore(
+                self._inv, container_id, bundle=bundle, image_path=image_path, nvproxy=nvproxy
+            ),
+            timeout=self.config.timeouts.restore,
+            doing=f"restoring container {container_id}",
+        )
+
+    async def state(self, container_id: str) -> api.ContainerState:
+        """``runsc --root R state ID``, parsed."""
+        result = await self._run(
+            argv.state(self._inv, container_id),
+            timeout=self.config.timeouts.state,
+            doing=f"querying the state of container {container_id}",
+        )
+        return parse_state(container_id, result.stdout)
+
+    async def kill(self, container_id: str, signal: str = "KILL") -> None:
+        """``runsc --root R kill ID SIGNAL``."""
+        await self._run(
+            argv.kill(self._inv, container_id, signal),
+            timeout=self.config.timeouts.kill,
+            doing=f"sending {signal} to container {container_id}",
+        )
+
+    async def delete(self, container_id: str, *, force: bool = False) -> None:
+        """``runsc --root R delete [--force] ID``."""
+        await self._run(
+            argv.delete(self._inv, container_id, force=force),
+            timeout=self.config.timeouts.delete,
+            doing=f"deleting container {container_id}",
+        )

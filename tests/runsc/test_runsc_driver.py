@@ -1,0 +1,241 @@
+"""RunscDriver against the stand-in runsc: feature detection, state parsing, failures, hangs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import anyio
+import pytest
+
+from substrate_gpu.runsc import api, driver
+
+STANDIN = Path(__file__).resolve().parents[1] / "standins" / "runsc"
+
+pytestmark = pytest.mark.anyio
+
+MakeDriver = Callable[..., driver.RunscDriver]
+
+
+@pytest.mark.parametrize(
+    ("features_env", "expected"),
+    [
+        pytest.param(
+            None,
+            (True, True, True, True),
+            id="modern-runsc",
+        ),
+        pytest.param("", (False, False, False, False), id="old-runsc"),
+        pytest.param("leave-running", (True, False, False, False), id="leave-running-only"),
+        pytest.param(
+            "leave-running,cuda-checkpoint-path",
+            (True, True, False, False),
+            id="cuda-checkpoint-without-nvproxy-cli",
+        ),
+        pytest.param(
+            "nvproxy-list,nvproxy-driver-version",
+            (False, False, True, True),
+            id="nvproxy-cli-without-leave-running",
+        ),
+    ],
+)
+async def test_features_are_detected_from_runsc_itself(
+    make_driver: MakeDriver,
+    monkeypatch: pytest.MonkeyPatch,
+    features_env: str | None,
+    expected: tuple[bool, bool, bool, bool],
+) -> None:
+    """Each feature is read from --version / help / flags output, not assumed."""
+    if features_env is not None:
+        monkeypatch.setenv("RUNSC_STANDIN_FEATURES", features_env)
+    features = await make_driver().features()
+    assert (
+        features.leave_running,
+        features.cuda_checkpoint_path,
+        features.list_supported_drivers,
+        features.nvproxy_driver_version,
+    ) == expected
+
+
+async def test_version_is_the_first_line_of_runsc_version(
+    make_driver: MakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The version reported is runsc's own first line."""
+    monkeypatch.setenv("RUNSC_STANDIN_VERSION", "release-20240101.0")
+    assert (await make_driver().features()).version == "runsc version release-20240101.0"
+
+
+async def test_features_are_detected_once(make_driver: MakeDriver, argv_log) -> None:
+    """A second call answers from the cache without running runsc."""
+    runtime = make_driver()
+    first = await runtime.features()
+    calls = len(argv_log.entries())
+    assert await runtime.features() is first
+    assert len(argv_log.entries()) == calls
+
+
+async def test_failed_detection_is_not_cached(tmp_path: Path) -> None:
+    """A runsc that cannot run now is asked again next time."""
+    link = tmp_path / "runsc"
+    runtime = driver.RunscDriver(driver.RunscConfig(root=tmp_path, runsc=str(link)))
+    with pytest.raises(api.RunscError, match="while detecting the features of"):
+        await runtime.features()
+    link.symlink_to(STANDIN)  # runsc gets installed
+    assert (await runtime.features()).leave_running
+
+
+async def test_list_supported_drivers(
+    make_driver: MakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver versions are runsc's list, one per line."""
+    monkeypatch.setenv("RUNSC_STANDIN_DRIVERS", "550.90.07,570.133.20")
+    assert await make_driver().list_supported_drivers() == ("550.90.07", "570.133.20")
+
+
+async def test_list_supported_drivers_without_the_command(
+    make_driver: MakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An old runsc without 'nvproxy list-supported-drivers' gets a clear error."""
+    monkeypatch.setenv("RUNSC_STANDIN_FEATURES", "leave-running")
+    with pytest.raises(api.RunscError, match="no 'nvproxy list-supported-drivers'"):
+        await make_driver().list_supported_drivers()
+
+
+@pytest.mark.parametrize(
+    ("stdout", "problem"),
+    [
+        pytest.param("", "invalid JSON", id="empty"),
+        pytest.param("FATAL: boom", "invalid JSON", id="not-json"),
+        pytest.param("[1, 2]", "not an object", id="not-an-object"),
+        pytest.param('{"status": "running", "pid": 1, "bundle": "/b"}', "no string 'id'", id="id"),
+        pytest.param(
+            '{"id": "a1", "status": "exploded", "pid": 1, "bundle": "/b"}',
+            "unknown 'status'",
+            id="status",
+        ),
+        pytest.param(
+            '{"id": "a1", "status": "running", "pid": "1", "bundle": "/b"}',
+            "invalid 'pid'",
+            id="pid-string",
+        ),
+        pytest.param(
+            '{"id": "a1", "status": "running", "pid": true, "bundle": "/b"}',
+            "invalid 'pid'",
+            id="pid-bool",
+        ),
+        pytest.param('{"id": "a1", "status": "running", "pid": 1}', "'bundle'", id="bundle"),
+    ],
+)
+def test_garbage_state_is_a_clear_error(stdout: str, problem: str) -> None:
+    """Unparseable `runsc state` output names the container and the problem."""
+    with pytest.raises(api.RunscError, match=problem) as info:
+        driver.parse_state("a1", stdout)
+    assert str(info.value).startswith("while querying the state of container a1: ")
+
+
+def test_state_keeps_the_documented_fields() -> None:
+    """id, status, pid and bundle are read; extra fields are ignored."""
+    state = driver.parse_state(
+        "a1",
+        '{"ociVersion": "1.0.2", "id": "a1", "status": "running", "pid": 42, "bundle": "/b"}',
+    )
+    assert state == api.ContainerState(id="a1", status="running", pid=42, bundle="/b")
+
+
+async def test_unknown_container_is_not_found(make_driver: MakeDriver, runc_root: Path) -> None:
+    """State of a container runsc does not know raises ContainerNotFoundError."""
+    with pytest.raises(api.ContainerNotFoundError, match="while querying the state of container"):
+        await make_driver().state("nope")
+
+
+async def test_missing_runsc_binary(tmp_path: Path) -> None:
+    """A runsc that cannot be started is a RunscError saying so."""
+    runtime = driver.RunscDriver(driver.RunscConfig(root=tmp_path, runsc=str(tmp_path / "no")))
+    with pytest.raises(api.RunscError, match="while starting container a1: cannot start"):
+        await runtime.start("a1")
+
+
+async def test_unsupported_driver_on_create(
+    make_driver: MakeDriver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """nvproxy refusing the host driver maps to UnsupportedDriverError."""
+    monkeypatch.setenv("RUNSC_STANDIN_HOST_DRIVER", "999.1.2")
+    with pytest.raises(api.UnsupportedDriverError, match="while creating container a1"):
+        await make_driver().create("a1", tmp_path, nvproxy=True)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in {"Z", "X"}
+
+
+async def _wait_for(path: Path) -> str:
+    with anyio.fail_after(10):
+        while not path.exists() or not path.read_text().strip():
+            await anyio.sleep(0.02)
+    return path.read_text()
+
+
+async def test_hung_runsc_times_out_and_its_group_is_killed(
+    make_driver: MakeDriver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A runsc that hangs is killed with its children after the timeout."""
+    pids_file = tmp_path / "hang.pids"
+    monkeypatch.setenv("RUNSC_STANDIN_HANG", "create")
+    monkeypatch.setenv("RUNSC_STANDIN_HANG_PIDS", str(pids_file))
+    runtime = make_driver(create=1.5)
+    started = time.monotonic()
+    with pytest.raises(api.RunscError) as info:
+        await runtime.create("a1", tmp_path, nvproxy=True)
+    assert info.value.timed_out
+    assert time.monotonic() - started < 5
+    pids = [int(p) for p in (await _wait_for(pids_file)).split()]
+    with anyio.fail_after(5):
+        while not all(_gone(p) for p in pids):
+            await anyio.sleep(0.05)
+
+
+async def test_cancelled_runsc_is_killed_with_its_group(
+    make_driver: MakeDriver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Cancelling the caller kills a running runsc and its children too."""
+    pids_file = tmp_path / "hang.pids"
+    monkeypatch.setenv("RUNSC_STANDIN_HANG", "checkpoint")
+    monkeypatch.setenv("RUNSC_STANDIN_HANG_PIDS", str(pids_file))
+    runtime = make_driver()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(partial(runtime.checkpoint, "a1", tmp_path / "img", leave_running=True))
+        pids = [int(p) for p in (await _wait_for(pids_file)).split()]
+        tg.cancel_scope.cancel()
+    with anyio.fail_after(5):
+        while not all(_gone(p) for p in pids):
+            await anyio.sleep(0.05)
+    assert all(os.getpid() != p for p in pids)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(
+            ["--root", "/r", "start", "--nvproxy", "a1"],
+            "flag provided but not defined: -nvproxy",
+            id="global-flag-after-subcommand",
+        ),
+        pytest.param(
+            ["--root", "/r", "checkpoint", "--bogus", "a1"],
+            "flag provided but not defined: -bogus",
+            id="unknown-command-flag",
+        ),
+    ],
+)
+def test_standin_rejects_misplaced_flags_like_runsc(args: list[str], message: str) -> None:
+    """The stand-in parses flags like Go's flag package: a misplaced flag is exit 2."""
+    result = subprocess.run([str(STANDIN), *args], capture_output=True, text=True, check=False)
+    assert (result.returncode, result.stderr.strip()) == (2, message)
