@@ -175,7 +175,7 @@ def main() -> None:
     bases = args.base or [Path("/dev/shm"), Path(tempfile.gettempdir())]
     for base in bases:
         fs = subprocess.run(
-            ["stat", "-f", "-c", "%T", str(base)], capture_output=True, text=True
+            ["stat", "-f", "-c", "%T", str(base)], capture_output=True, text=True, check=False
         ).stdout.strip()
         print(f"\n== {base} ({fs}), {args.rounds} rounds")
         for label, ms, comparison in bench_base(base, args.rounds):
