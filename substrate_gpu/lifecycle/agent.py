@@ -1,0 +1,249 @@
+"""The embedding API: one async context-managed :class:`Agent` per node agent.
+
+::
+
+    async with Agent(runtime=driver, probe=fd_probe, injector=inject,
+                     checkpoint_root=Path("/var/lib/substrate/checkpoints")) as agent:
+        await agent.submit(events.ActorRegistered(actor_id="a1", gpu=True, bundle="/b/a1"))
+        await agent.wait_for_state("a1", "registered", timeout=5)
+
+Subscribers (``async with agent.subscribe() as transitions: async for t in transitions``)
+each get a bounded buffer. **Policy for slow subscribers**: the agent never waits for one.
+When a subscriber's buffer is full it is disconnected: its iterator yields what was
+buffered, then raises :class:`SubscriptionOverflow`, so a consumer always knows it missed
+transitions instead of silently seeing a gap. (The event log is the lossless record.)
+
+Leaving the ``async with`` cancels effects still running (actors stay in their in-flight
+state, for recovery to reconcile); ``await agent.settle()`` first to let them finish.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import math
+from collections.abc import AsyncIterator, Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Literal, Self
+
+import anyio
+
+from substrate_gpu.lifecycle import actors, effects, errors, events, hooks, machine, pipeline
+from substrate_gpu.probes.api import CudaContextProbe
+from substrate_gpu.runsc.api import SandboxRuntime
+
+
+class Subscription:
+    """An async iterator of :class:`Transition` with a bounded buffer (see module doc)."""
+
+    def __init__(self, buffer: int) -> None:
+        self._buffer: collections.deque[hooks.Transition] = collections.deque()
+        self._limit = buffer
+        self._wakeup = anyio.Event()
+        self._overflowed = False
+        self._closed = False
+        self.dropped = 0
+        """Transitions not delivered because this subscriber fell behind."""
+
+    def _push(self, t: hooks.Transition) -> None:
+        if self._closed:
+            return
+        if len(self._buffer) >= self._limit:
+            self._overflowed = True
+            self._closed = True
+            self.dropped += 1
+        else:
+            self._buffer.append(t)
+        self._wakeup.set()
+
+    def _close(self) -> None:
+        self._closed = True
+        self._wakeup.set()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> hooks.Transition:
+        while not self._buffer:
+            if self._overflowed:
+                raise errors.SubscriptionOverflow(
+                    f"transition subscriber fell behind its buffer of {self._limit} and was "
+                    "disconnected; read faster or subscribe with a larger buffer"
+                )
+            if self._closed:
+                raise StopAsyncIteration
+            await self._wakeup.wait()
+            self._wakeup = anyio.Event()
+        return self._buffer.popleft()
+
+
+class Agent:
+    """Per-actor lifecycles for one node: submit events, await states, watch transitions."""
+
+    def __init__(
+        self,
+        *,
+        runtime: SandboxRuntime,
+        probe: CudaContextProbe,
+        injector: effects.GpuInjector,
+        checkpoint_root: Path,
+        machine_spec: machine.MachineSpec | Path | None = None,
+        engine: Literal["transitions", "table"] = "transitions",
+        recorder: hooks.EventRecorder | None = None,
+        metrics: hooks.LifecycleMetrics | None = None,
+        observers: Iterable[hooks.TransitionObserver] = (),
+        timeouts: Mapping[str, float] | None = None,
+        queue_size: int = 1024,
+        concurrency: int = 64,
+    ) -> None:
+        """``timeouts`` overrides :data:`effects.DEFAULT_TIMEOUTS` per effect name;
+        ``queue_size`` bounds effects queued or running (``submit`` waits beyond it);
+        ``concurrency`` is how many effects run at once."""
+        if isinstance(machine_spec, machine.MachineSpec):
+            spec = machine_spec
+        else:
+            spec = machine.load_spec(machine_spec or machine.DEFAULT_MACHINE)
+        eng: actors.Engine = (
+            machine.TransitionsEngine(spec)
+            if engine == "transitions"
+            else machine.TableEngine(spec)
+        )
+        self._table = actors.ActorTable(spec, eng)
+        self._pipeline = pipeline.Pipeline(
+            self._table,
+            effects.EffectContext(
+                runtime=runtime, probe=probe, injector=injector, checkpoint_root=checkpoint_root
+            ),
+            timeouts=timeouts,
+            recorder=recorder,
+            metrics=metrics,
+            observers=[o.on_transition for o in observers],
+            queue_size=queue_size,
+            concurrency=concurrency,
+        )
+        self._pipeline.add_observer(self._on_transition)
+        self._subscriptions: set[Subscription] = set()
+        self._waiters: dict[str, list[tuple[str, anyio.Event]]] = {}
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    async def __aenter__(self) -> Self:
+        async with contextlib.AsyncExitStack() as stack:
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(tg.cancel_scope.cancel)
+            await tg.start(self._pipeline.serve)
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        stack, self._stack = self._stack, None
+        for subscription in tuple(self._subscriptions):
+            subscription._close()
+        if stack is not None:
+            return await stack.__aexit__(exc_type, exc, tb)
+        return None
+
+    # --- events in ----------------------------------------------------------------------------
+
+    async def submit(self, event: events.Event) -> hooks.Transition:
+        """Accept ``event`` (waits while the queue is full); raise InvalidEvent if refused.
+
+        Returns the transition it caused. Its effect, if any, runs afterwards.
+        """
+        step = await self._pipeline.submit(event)
+        return hooks.Transition(
+            actor_id=step.event.actor_id,
+            source=step.source,
+            dest=step.dest,
+            trigger=step.event.type,
+            event_type=step.event.type,
+            at=step.event.at,
+            reason=step.reason,
+        )
+
+    @property
+    def pending_effects(self) -> int:
+        """Effect chains queued or running right now."""
+        return self._pipeline.pending
+
+    async def settle(self) -> None:
+        """Wait until every accepted event's effects have finished."""
+        await self._pipeline.settle()
+
+    # --- state out ----------------------------------------------------------------------------
+
+    @property
+    def spec(self) -> machine.MachineSpec:
+        """The lifecycle machine in use."""
+        return self._table.spec
+
+    def state_of(self, actor_id: str) -> str | None:
+        """The actor's state, or None for an actor this agent does not know."""
+        actor = self._table.get(actor_id)
+        return actor.state if actor is not None else None
+
+    def actor(self, actor_id: str) -> actors.ActorView | None:
+        """A snapshot of the actor's record, or None."""
+        actor = self._table.get(actor_id)
+        return actor.snapshot() if actor is not None else None
+
+    def state_counts(self) -> Mapping[str, int]:
+        """Actors per state (every state listed; O(states))."""
+        return self._table.state_counts()
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    async def wait_for_state(self, actor_id: str, state: str, *, timeout: float = math.inf) -> None:
+        """Return once ``actor_id`` is in ``state``; :class:`StateWaitTimeout` after ``timeout``
+        seconds, or as soon as the actor reaches a final state other than ``state``."""
+        if state not in self._table.spec.state_names:
+            raise ValueError(f"unknown state {state!r}")
+        if self.state_of(actor_id) == state:
+            return
+        reached = anyio.Event()
+        entry = (state, reached)
+        self._waiters.setdefault(actor_id, []).append(entry)
+        try:
+            with anyio.move_on_after(timeout):
+                await reached.wait()
+        finally:
+            waiters = self._waiters.get(actor_id, [])
+            if entry in waiters:
+                waiters.remove(entry)
+            if not waiters:
+                self._waiters.pop(actor_id, None)
+        view = self.actor(actor_id)
+        if view is None or view.state != state:
+            now = "unknown" if view is None else view.state
+            why = f" (reason: {view.reason})" if view is not None and view.reason else ""
+            raise errors.StateWaitTimeout(
+                f"while waiting for actor {actor_id!r} to reach state {state!r} "
+                f"(timeout {timeout:g}s): it is {now!r}{why}"
+            )
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, buffer: int = 1000) -> AsyncIterator[Subscription]:
+        """Receive every transition from now on (bounded; see the module doc)."""
+        subscription = Subscription(buffer)
+        self._subscriptions.add(subscription)
+        try:
+            yield subscription
+        finally:
+            self._subscriptions.discard(subscription)
+            subscription._close()
+
+    def _on_transition(self, t: hooks.Transition) -> None:
+        for subscription in self._subscriptions:
+            subscription._push(t)
+        waiters = self._waiters.get(t.actor_id)
+        if waiters:
+            final = t.dest in self._table.spec.final_states
+            for state, reached in waiters:
+                if state == t.dest or final:
+                    reached.set()

@@ -1,0 +1,46 @@
+"""Errors of the actor lifecycle, all under :class:`~substrate_gpu.exceptions.SubstrateGpuError`.
+
+Kept beside the lifecycle so it can change without touching the other layers; each is
+re-exported from :mod:`substrate_gpu.lifecycle`.
+"""
+
+from __future__ import annotations
+
+from substrate_gpu import exceptions
+
+
+class MachineDefinitionError(exceptions.ConfigError):
+    """The lifecycle YAML is invalid: the message names the file and the offending entry."""
+
+
+class EventSchemaError(exceptions.SubstrateGpuError):
+    """An event's JSON form is malformed, of an unknown type, or of an unknown version."""
+
+
+class InvalidEvent(exceptions.SubstrateGpuError):
+    """An event is not accepted in the actor's current state; the actor is left unchanged.
+
+    ``actor_id``, ``state`` and ``event_type`` say which actor, where it stood, and what was
+    refused; ``problem`` says why.
+    """
+
+    def __init__(self, actor_id: str, state: str, event_type: str, problem: str) -> None:
+        self.actor_id = actor_id
+        self.state = state
+        self.event_type = event_type
+        self.problem = problem
+        super().__init__(
+            f"actor {actor_id!r} in state {state!r} refused event {event_type!r}: {problem}"
+        )
+
+
+class AgentClosedError(exceptions.SubstrateGpuError):
+    """The agent is not serving (not entered yet, closed, or stopped by a recorder failure)."""
+
+
+class StateWaitTimeout(exceptions.SubstrateGpuError, TimeoutError):
+    """``wait_for_state`` gave up: the actor did not reach the state in time."""
+
+
+class SubscriptionOverflow(exceptions.SubstrateGpuError):
+    """A transition subscriber fell behind its buffer and was disconnected (it missed some)."""

@@ -1,0 +1,387 @@
+"""Loading ``machines/actor.yaml``: validation, the transitions ``Machine``, the diagram.
+
+The YAML is the single source of the lifecycle. :func:`load_spec` reads and checks it and
+fails fast, naming the file and the entry, on anything transitions would only discover
+when the transition fires (a misspelt callback fails *after* the state changed): unknown
+states, conditions or callbacks, triggers that are not event types, event types without
+a transition, unreachable states, dead ends, and in-flight states that do not accept every
+outcome of their effect.
+
+Two engines evaluate the same spec on the :class:`~substrate_gpu.lifecycle.actors.Cursor`:
+
+- :class:`TransitionsEngine`: transitions' **synchronous** ``Machine`` (not
+  ``AsyncMachine``: it swallows cancellation and timeouts, lets overlapping triggers cancel
+  each other and runs callback lists concurrently; brief §8). One machine, no models
+  registered: triggers are fired on the shared cursor directly.
+- :class:`TableEngine`: a plain dict transition table, the benchmark floor and a
+  cross-check of the first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+from transitions import Machine
+
+from substrate_gpu.lifecycle import actors, effects, errors, events
+
+#: ``machines/actor.yaml`` in a source checkout (the repository root's ``machines/``).
+DEFAULT_MACHINE = Path(__file__).resolve().parents[2] / "machines" / "actor.yaml"
+
+# transitions logs every trigger at INFO: far too chatty for 100k actors.
+logging.getLogger("transitions").setLevel(logging.WARNING)
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One state of the YAML."""
+
+    name: str
+    effect: str | None = None
+    """The effect the pipeline starts on entering the state (an "in flight" state)."""
+    final: bool = False
+    """No way out (deleted)."""
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class TransitionSpec:
+    """One transition entry of the YAML (``dest`` None means reflexive, ``"="``)."""
+
+    index: int
+    """Position in the YAML's transitions list (for error messages)."""
+    trigger: str
+    sources: tuple[str, ...]
+    dest: str | None
+    conditions: tuple[str, ...] = ()
+    unless: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+
+    def dest_from(self, source: str) -> str:
+        """The state reached from ``source``."""
+        return source if self.dest is None else self.dest
+
+    def label(self) -> str:
+        """``trigger: a, b -> dest`` for messages."""
+        return f"{self.trigger}: {', '.join(self.sources)} -> {self.dest or '='}"
+
+
+@dataclass(frozen=True)
+class MachineSpec:
+    """The validated lifecycle."""
+
+    path: Path
+    name: str
+    initial: str
+    states: tuple[StateSpec, ...]
+    transitions: tuple[TransitionSpec, ...]
+    _by_source_trigger: dict[tuple[str, str], tuple[TransitionSpec, ...]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    @cached_property
+    def state_names(self) -> tuple[str, ...]:
+        """Every state, in YAML order."""
+        return tuple(s.name for s in self.states)
+
+    @cached_property
+    def effects(self) -> Mapping[str, str]:
+        """State name -> effect name, for in-flight states."""
+        return {s.name: s.effect for s in self.states if s.effect}
+
+    @cached_property
+    def final_states(self) -> frozenset[str]:
+        """States with no way out."""
+        return frozenset(s.name for s in self.states if s.final)
+
+    @cached_property
+    def accepts(self) -> Mapping[str, frozenset[str]]:
+        """State name -> the triggers it has a transition for."""
+        out: dict[str, set[str]] = {s: set() for s in self.state_names}
+        for t in self.transitions:
+            for source in t.sources:
+                out[source].add(t.trigger)
+        return {s: frozenset(triggers) for s, triggers in out.items()}
+
+    def candidates(self, source: str, trigger: str) -> tuple[TransitionSpec, ...]:
+        """The transitions of ``trigger`` from ``source``, in the order they are tried."""
+        return self._by_source_trigger.get((source, trigger), ())
+
+    def guard_summary(self, source: str, trigger: str) -> str:
+        """Why no transition of ``trigger`` fired from ``source`` (for InvalidEvent)."""
+        guards = []
+        for t in self.candidates(source, trigger):
+            parts = [*t.conditions, *(f"not {u}" for u in t.unless)]
+            guards.append(f"[{' and '.join(parts)}] -> {t.dest_from(source)}")
+        return "no transition's conditions hold: " + "; ".join(guards)
+
+
+def _fail(path: Path, where: str, problem: str) -> errors.MachineDefinitionError:
+    return errors.MachineDefinitionError(f"invalid lifecycle machine {path}: {where}: {problem}")
+
+
+def _names(raw: object, path: Path, where: str, key: str) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        return (raw,)
+    if isinstance(raw, list) and all(isinstance(x, str) for x in raw):
+        return tuple(cast("list[str]", raw))
+    raise _fail(path, where, f"{key} must be a name or a list of names, got {raw!r}")
+
+
+def load_spec(path: Path = DEFAULT_MACHINE) -> MachineSpec:
+    """Read and validate the lifecycle YAML at ``path``."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise errors.MachineDefinitionError(
+            f"cannot read lifecycle machine {path}: {e.strerror or e}"
+        ) from e
+    except yaml.YAMLError as e:
+        raise _fail(path, "YAML", str(e)) from e
+    return parse_spec(raw, path)
+
+
+def parse_spec(raw: object, path: Path) -> MachineSpec:
+    """Validate an already parsed YAML document (``path`` names it in errors)."""
+    if not isinstance(raw, dict):
+        raise _fail(path, "top level", "must be a mapping with initial, states, transitions")
+    unknown_keys = set(raw) - {"name", "initial", "states", "transitions"}
+    if unknown_keys:
+        raise _fail(path, "top level", f"unknown key(s) {sorted(unknown_keys)}")
+
+    states: list[StateSpec] = []
+    raw_states = raw.get("states")
+    if not isinstance(raw_states, list) or not raw_states:
+        raise _fail(path, "states", "must be a non-empty list")
+    for i, entry in enumerate(raw_states):
+        where = f"states[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise _fail(path, where, "must be a mapping with a string name")
+        extra = set(entry) - {"name", "effect", "final", "description"}
+        if extra:
+            raise _fail(path, f"{where} ({entry['name']})", f"unknown key(s) {sorted(extra)}")
+        effect = entry.get("effect")
+        if effect is not None and effect not in effects.EFFECTS:
+            raise _fail(
+                path,
+                f"{where} ({entry['name']})",
+                f"unknown effect {effect!r}; known: {', '.join(sorted(effects.EFFECTS))}",
+            )
+        states.append(
+            StateSpec(
+                name=entry["name"],
+                effect=effect,
+                final=bool(entry.get("final", False)),
+                description=str(entry.get("description", "")),
+            )
+        )
+    names = [s.name for s in states]
+    duplicates = {n for n in names if names.count(n) > 1}
+    if duplicates:
+        raise _fail(path, "states", f"duplicate state(s) {sorted(duplicates)}")
+    known = set(names)
+
+    initial = raw.get("initial")
+    if initial not in known:
+        raise _fail(path, "initial", f"{initial!r} is not a declared state")
+
+    transitions: list[TransitionSpec] = []
+    raw_transitions = raw.get("transitions")
+    if not isinstance(raw_transitions, list) or not raw_transitions:
+        raise _fail(path, "transitions", "must be a non-empty list")
+    for i, entry in enumerate(raw_transitions):
+        where = f"transitions[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("trigger"), str):
+            raise _fail(path, where, "must be a mapping with a string trigger")
+        extra = set(entry) - {"trigger", "source", "dest", "conditions", "unless", "after"}
+        if extra:
+            raise _fail(path, where, f"unknown key(s) {sorted(extra)}")
+        dest_raw = entry.get("dest")
+        if not isinstance(dest_raw, str):
+            raise _fail(path, where, "dest must be a state name or '='")
+        t = TransitionSpec(
+            index=i,
+            trigger=entry["trigger"],
+            sources=_names(entry.get("source"), path, where, "source"),
+            dest=None if dest_raw == "=" else dest_raw,
+            conditions=_names(entry.get("conditions"), path, where, "conditions"),
+            unless=_names(entry.get("unless"), path, where, "unless"),
+            after=_names(entry.get("after"), path, where, "after"),
+        )
+        where = f"{where} ({t.label()})"
+        if t.trigger not in events.REGISTRY:
+            raise _fail(path, where, f"trigger {t.trigger!r} is not an event type")
+        if not t.sources:
+            raise _fail(path, where, "has no source")
+        for state in (*t.sources, *([t.dest] if t.dest else [])):
+            if state not in known:
+                raise _fail(path, where, f"unknown state {state!r}")
+        for name in (*t.conditions, *t.unless):
+            if name not in actors.CONDITIONS:
+                raise _fail(
+                    path,
+                    where,
+                    f"unknown condition {name!r}; known: {', '.join(sorted(actors.CONDITIONS))}",
+                )
+        for name in t.after:
+            if name not in actors.CALLBACKS:
+                raise _fail(
+                    path,
+                    where,
+                    f"unknown callback {name!r}; known: {', '.join(sorted(actors.CALLBACKS))}",
+                )
+        transitions.append(t)
+
+    by_source_trigger: dict[tuple[str, str], list[TransitionSpec]] = {}
+    for t in transitions:
+        for source in t.sources:
+            by_source_trigger.setdefault((source, t.trigger), []).append(t)
+    spec = MachineSpec(
+        path=path,
+        name=str(raw.get("name", path.stem)),
+        initial=initial,
+        states=tuple(states),
+        transitions=tuple(transitions),
+        _by_source_trigger={k: tuple(v) for k, v in by_source_trigger.items()},
+    )
+    _check_graph(spec)
+    return spec
+
+
+def _check_graph(spec: MachineSpec) -> None:
+    path = spec.path
+    used = {t.trigger for t in spec.transitions}
+    unused = sorted(set(events.REGISTRY) - used)
+    if unused:
+        raise _fail(path, "transitions", f"event type(s) without a transition: {unused}")
+
+    reachable = {spec.initial}
+    todo = deque([spec.initial])
+    while todo:
+        state = todo.popleft()
+        for t in spec.transitions:
+            if state in t.sources:
+                dest = t.dest_from(state)
+                if dest not in reachable:
+                    reachable.add(dest)
+                    todo.append(dest)
+    unreachable = [s for s in spec.state_names if s not in reachable]
+    if unreachable:
+        raise _fail(path, "states", f"unreachable from {spec.initial!r}: {unreachable}")
+
+    for st in spec.states:
+        leaves = any(
+            st.name in t.sources and t.dest_from(st.name) != st.name for t in spec.transitions
+        )
+        if st.final and leaves:
+            raise _fail(path, f"state {st.name}", "is final but has transitions out")
+        if not st.final and not leaves:
+            raise _fail(path, f"state {st.name}", "is a dead end (not final, no way out)")
+        if st.effect:
+            missing = [o for o in effects.OUTCOMES[st.effect] if o not in spec.accepts[st.name]]
+            if missing:
+                raise _fail(
+                    path,
+                    f"state {st.name}",
+                    f"its effect {st.effect!r} can produce {missing}, which it does not accept",
+                )
+
+
+def _machine_config(spec: MachineSpec) -> dict[str, Any]:
+    transitions: list[dict[str, Any]] = []
+    for t in spec.transitions:
+        entry: dict[str, Any] = {
+            "trigger": t.trigger,
+            "source": list(t.sources),
+            "dest": "=" if t.dest is None else t.dest,
+        }
+        if t.conditions:
+            entry["conditions"] = list(t.conditions)
+        if t.unless:
+            entry["unless"] = list(t.unless)
+        if t.after:
+            entry["after"] = list(t.after)
+        transitions.append(entry)
+    return {
+        "states": list(spec.state_names),
+        "transitions": transitions,
+        "initial": spec.initial,
+        "auto_transitions": False,
+        "send_event": False,
+        # Validity is checked against the spec before firing, with a better message.
+        "ignore_invalid_triggers": True,
+    }
+
+
+class TransitionsEngine:
+    """Fires triggers with transitions' synchronous ``Machine`` on the shared cursor."""
+
+    def __init__(self, spec: MachineSpec) -> None:
+        # model=None: no model is registered (no add_model scan, no bound trigger partials);
+        # Event.trigger(cursor) works on any object with a ``state`` attribute.
+        self.machine = Machine(model=None, **_machine_config(spec))
+        self._triggers: dict[str, Callable[[actors.Cursor], bool]] = {
+            name: event.trigger for name, event in self.machine.events.items()
+        }
+
+    def fire(self, cursor: actors.Cursor, trigger: str) -> bool:
+        """Fire ``trigger`` on ``cursor``; False when no transition's conditions held."""
+        return self._triggers[trigger](cursor)
+
+
+class TableEngine:
+    """Fires triggers from a plain ``{(state, trigger): [transition, ...]}`` table."""
+
+    def __init__(self, spec: MachineSpec) -> None:
+        self._table: dict[
+            tuple[str, str],
+            tuple[tuple[tuple[str, ...], tuple[str, ...], str | None, tuple[str, ...]], ...],
+        ] = {}
+        for source in spec.state_names:
+            for trigger in spec.accepts[source]:
+                self._table[(source, trigger)] = tuple(
+                    (t.conditions, t.unless, t.dest, t.after)
+                    for t in spec.candidates(source, trigger)
+                )
+
+    def fire(self, cursor: actors.Cursor, trigger: str) -> bool:
+        """Fire ``trigger`` on ``cursor``; False when no transition's conditions held."""
+        for conditions, unless, dest, after in self._table[(cursor.state, trigger)]:
+            if all(getattr(cursor, c)() for c in conditions) and not any(
+                getattr(cursor, u)() for u in unless
+            ):
+                if dest is not None:
+                    cursor.state = dest
+                for callback in after:
+                    getattr(cursor, callback)()
+                return True
+        return False
+
+
+def render_mermaid(spec: MachineSpec) -> str:
+    """The mermaid state diagram of ``spec``, as transitions' mermaid backend renders it."""
+    from transitions.extensions.diagrams import GraphMachine  # noqa: PLC0415 (docs only)
+
+    class _Model:
+        """A throwaway model: the diagram only needs a state attribute."""
+
+    model = _Model()
+    config = _machine_config(spec)
+    GraphMachine(
+        model=model,
+        graph_engine="mermaid",
+        show_conditions=True,
+        title=f"{spec.name} lifecycle ({spec.path.name})",
+        **config,
+    )
+    graph = model.get_graph()  # type: ignore[attr-defined]
+    return str(graph.source).rstrip() + "\n"

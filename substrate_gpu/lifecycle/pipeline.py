@@ -1,0 +1,271 @@
+"""The event pipeline: accept events in order, run effects concurrently, feed outcomes back.
+
+How an event flows (one actor's events strictly in order, actors concurrently):
+
+1. ``submit`` first takes a slot of the bounded queue (``queue_size``): when every slot is
+   held, it **awaits** (back-pressure; memory stays bounded however fast events come).
+2. The event is applied to the machine **synchronously** (no await between the check and the
+   commit), so the order of acceptance is the order of ``submit`` calls, and an invalid
+   event raises :class:`InvalidEvent` to the submitter with the actor untouched.
+3. The accepted event is **recorded** (:class:`EventRecorder`) and only then observed and
+   acted on.
+4. If the transition entered an in-flight state, its effect is queued for one of
+   ``concurrency`` workers. An actor in flight accepts no event that starts another
+   effect (the machine says so), so at most one effect per actor runs at a time and its
+   outcome is ordered after everything accepted before it.
+5. A worker runs the effect under ``anyio.fail_after(timeout)``, turns its result (or the
+   timeout, or an unexpected error) into an outcome event, and accepts that like any
+   other event; a follow-up effect (create → start) continues on the same worker and slot.
+
+A hung effect holds one worker and one slot until its timeout, then the actor goes to
+``failed`` with the reason; the other workers keep serving other actors. Cancellation
+(the agent closing) cancels running effects: the actor stays in its in-flight state, which
+is what recovery reconciles from the event log.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import anyio
+import anyio.lowlevel
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from substrate_gpu.lifecycle import actors, effects, errors, events, hooks
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    actor_id: str
+    effect: str
+    event: events.Event
+    """The accepted event that entered the in-flight state."""
+
+
+class Pipeline:
+    """Accepts events into an :class:`ActorTable` and runs their effects."""
+
+    def __init__(
+        self,
+        table: actors.ActorTable,
+        context: effects.EffectContext,
+        *,
+        timeouts: Mapping[str, float] | None = None,
+        recorder: hooks.EventRecorder | None = None,
+        metrics: hooks.LifecycleMetrics | None = None,
+        observers: Iterable[Callable[[hooks.Transition], None]] = (),
+        queue_size: int = 1024,
+        concurrency: int = 64,
+        effect_impls: Mapping[str, effects.Effect] = effects.EFFECTS,
+    ) -> None:
+        if queue_size < 1 or concurrency < 1:
+            raise ValueError("queue_size and concurrency must be at least 1")
+        self.table = table
+        self._context = context
+        self._timeouts = {**effects.DEFAULT_TIMEOUTS, **(timeouts or {})}
+        self._recorder = recorder
+        self._metrics = metrics
+        self._observers = list(observers)
+        self._effects = effect_impls
+        self._concurrency = concurrency
+        self._queue_size = queue_size
+        self._slots = anyio.Semaphore(queue_size)
+        self._send: MemoryObjectSendStream[_Job] | None = None
+        self._pending = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._broken: BaseException | None = None
+        self._serving = False
+
+    # --- lifecycle of the pipeline itself ---------------------------------------------------
+
+    async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run the effect workers until cancelled."""
+        send, receive = anyio.create_memory_object_stream[_Job](self._queue_size)
+        async with send, receive, anyio.create_task_group() as tg:
+            for _ in range(self._concurrency):
+                tg.start_soon(self._worker, receive)
+            self._send = send
+            self._serving = True
+            task_status.started()
+            try:
+                await anyio.sleep(math.inf)
+            finally:
+                self._serving = False
+                self._send = None
+
+    def add_observer(self, observer: Callable[[hooks.Transition], None]) -> None:
+        """Call ``observer`` with every transition from now on."""
+        self._observers.append(observer)
+
+    def remove_observer(self, observer: Callable[[hooks.Transition], None]) -> None:
+        """Stop calling ``observer``."""
+        self._observers.remove(observer)
+
+    @property
+    def pending(self) -> int:
+        """Effect chains queued or running."""
+        return self._pending
+
+    async def settle(self) -> None:
+        """Wait until no effect is queued or running (every accepted event acted on)."""
+        while self._pending:
+            await self._idle.wait()
+
+    # --- accepting events -------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._broken is not None:
+            raise errors.AgentClosedError(
+                f"the agent stopped accepting events: its event recorder failed: {self._broken}"
+            ) from self._broken
+        if not self._serving:
+            raise errors.AgentClosedError(
+                "the agent is not serving: use it inside `async with Agent(...) as agent:`"
+            )
+
+    async def submit(self, event: events.Event) -> actors.Step:
+        """Accept one external event (see the module docstring); the accepted step."""
+        self._check_open()
+        if not event.external:
+            raise errors.InvalidEvent(
+                event.actor_id,
+                self.table.state_of(event.actor_id),
+                event.type,
+                "effect outcomes are produced by the agent's own effects; submit external "
+                "events only",
+            )
+        # One scheduling point per submit, so effects progress under a fast producer.
+        await anyio.lowlevel.checkpoint()
+        try:
+            self._slots.acquire_nowait()
+        except anyio.WouldBlock:
+            # Full: refuse an invalid event now rather than after the wait (re-checked below).
+            self.table.check(event)
+            await self._slots.acquire()
+        try:
+            self._check_open()
+            step = await self._accept(event)
+        except BaseException:
+            self._slots.release()
+            raise
+        if step.effect is None:
+            self._slots.release()
+        else:
+            self._enqueue(_Job(event.actor_id, step.effect, step.event))
+        return step
+
+    def _enqueue(self, job: _Job) -> None:
+        if self._pending == 0:
+            self._idle = anyio.Event()
+        self._pending += 1
+        assert self._send is not None
+        # Never blocks: a slot is held for every job, and the buffer has one per slot.
+        self._send.send_nowait(job)
+        self._report_depth()
+
+    def _report_depth(self) -> None:
+        if self._metrics is not None and self._send is not None:
+            self._metrics.queue_depth(self._send.statistics().current_buffer_used)
+
+    async def _accept(self, event: events.Event) -> actors.Step:
+        step = self.table.apply(event)
+        if self._recorder is not None:
+            # Shielded: once applied, the event must be recorded and acted on; a cancelled
+            # submit must not leave an actor in flight with no effect queued.
+            try:
+                with anyio.CancelScope(shield=True):
+                    await self._recorder.record(step.event)
+            except Exception as e:
+                self._broken = e
+                raise
+        accepted = step.event
+        transition = hooks.Transition(
+            actor_id=accepted.actor_id,
+            source=step.source,
+            dest=step.dest,
+            trigger=accepted.type,
+            event_type=accepted.type,
+            at=accepted.at,
+            reason=step.reason,
+        )
+        if step.refusal is not None or (step.reason is not None and step.dest != step.source):
+            # Refusals and failures are what an operator looks for in the logs.
+            _log.warning(
+                "actor %s: %s -> %s on %s: %s",
+                accepted.actor_id,
+                step.source,
+                step.dest,
+                accepted.type,
+                step.reason,
+            )
+        metrics = self._metrics
+        if metrics is not None:
+            metrics.transition(step.source, step.dest, accepted.type)
+            if step.refusal is not None:
+                metrics.checkpoint_refused(step.refusal)
+            devices = getattr(accepted, "devices", 0)
+            if devices:
+                metrics.devices_injected(devices)
+        for observer in tuple(self._observers):
+            try:
+                observer(transition)
+            except Exception:  # noqa: BLE001 (logged; see below)
+                # An observer's bug must not wedge the lifecycle of every actor.
+                _log.exception("transition observer %r failed", observer)
+        return step
+
+    # --- running effects --------------------------------------------------------------------
+
+    async def _worker(self, receive: MemoryObjectReceiveStream[_Job]) -> None:
+        async for job in receive:
+            self._report_depth()
+            try:
+                await self._run_chain(job)
+            finally:
+                self._pending -= 1
+                self._slots.release()
+                if self._pending == 0:
+                    self._idle.set()
+
+    async def _run_chain(self, job: _Job) -> None:
+        effect: str | None = job.effect
+        cause = job.event
+        while effect is not None and self._broken is None:
+            actor = self.table.get(job.actor_id)
+            assert actor is not None
+            view = actor.snapshot()
+            timeout = self._timeouts[effect]
+            started = time.monotonic()
+            try:
+                with anyio.fail_after(timeout):
+                    outcome = await self._effects[effect](self._context, view, cause)
+            except TimeoutError:
+                outcome = events.EffectTimedOut(
+                    actor_id=job.actor_id, effect=effect, seconds=timeout
+                )
+            except Exception as e:  # noqa: BLE001 (turned into a failure outcome)
+                # Effects report expected failures as outcomes; anything else is a bug in a
+                # collaborator. The actor must still land on an explicit failure transition.
+                _log.exception("effect %s of actor %s raised", effect, job.actor_id)
+                outcome = effects.failure_outcome(effect, view, f"unexpected error: {e!r}")
+            if self._metrics is not None:
+                self._metrics.effect_finished(effect, outcome.type, time.monotonic() - started)
+            try:
+                step = await self._accept(outcome)
+            except errors.InvalidEvent:
+                # The loader checks every in-flight state accepts its effect's outcomes.
+                _log.exception("outcome of effect %s refused by the machine", effect)
+                return
+            except Exception:  # noqa: BLE001 (logged; the pipeline is marked broken)
+                # The recorder failed: _accept marked the pipeline broken; submit says why.
+                _log.exception("recording the outcome of effect %s failed", effect)
+                return
+            effect, cause = step.effect, step.event

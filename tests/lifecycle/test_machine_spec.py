@@ -1,0 +1,182 @@
+"""Loading machines/actor.yaml: validation fails fast, naming the file and the entry."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from substrate_gpu.lifecycle import actors, diagram, errors, events, machine
+
+YAML = machine.DEFAULT_MACHINE
+RAW: dict[str, Any] = yaml.safe_load(YAML.read_text())
+
+
+def _transition(raw: dict[str, Any], trigger: str) -> dict[str, Any]:
+    return next(t for t in raw["transitions"] if t["trigger"] == trigger)
+
+
+def _state(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(s for s in raw["states"] if s["name"] == name)
+
+
+def test_the_machine_loads() -> None:
+    """The checked-in YAML is valid and declares the states the brief requires."""
+    spec = machine.load_spec()
+    required = {
+        "registered", "bundle_prepared", "injecting", "creating", "running", "checkpointing",
+        "suspended", "restoring", "stopped", "failed", "deleted",
+    }  # fmt: skip
+    assert required <= set(spec.state_names)
+
+
+def test_the_transitions_logger_is_quiet() -> None:
+    """Loading the machine module sets transitions' logger to WARNING."""
+    assert logging.getLogger("transitions").level == logging.WARNING
+
+
+def test_every_condition_and_callback_is_a_cursor_method() -> None:
+    """Every name the YAML may use exists on the Cursor."""
+    for name in actors.CONDITIONS | actors.CALLBACKS:
+        assert callable(getattr(actors.Cursor, name)), name
+
+
+def _edit_unknown_callback(raw: dict[str, Any]) -> None:
+    _transition(raw, "sandbox_created")["after"] = ["remember_sandbx"]
+
+
+def _edit_unknown_condition(raw: dict[str, Any]) -> None:
+    _transition(raw, "run_requested")["conditions"] = ["is_gpuu"]
+
+
+def _edit_unknown_dest(raw: dict[str, Any]) -> None:
+    _transition(raw, "sandbox_started")["dest"] = "runing"
+
+
+def _edit_unknown_source(raw: dict[str, Any]) -> None:
+    _transition(raw, "sandbox_started")["source"] = "startin"
+
+
+def _edit_unknown_trigger(raw: dict[str, Any]) -> None:
+    _transition(raw, "sandbox_started")["trigger"] = "sandbox_begun"
+
+
+def _edit_unreachable_state(raw: dict[str, Any]) -> None:
+    raw["states"].append({"name": "limbo", "final": True})
+
+
+def _edit_dead_end(raw: dict[str, Any]) -> None:
+    raw["states"].append({"name": "stuck"})
+    raw["transitions"].append({"trigger": "sandbox_exited", "source": "running", "dest": "stuck"})
+
+
+def _edit_effect_outcome_not_accepted(raw: dict[str, Any]) -> None:
+    raw["transitions"] = [t for t in raw["transitions"] if t["trigger"] != "injection_failed"]
+    raw["transitions"].append(
+        {"trigger": "injection_failed", "source": "creating", "dest": "failed"}
+    )
+
+
+def _edit_unknown_effect(raw: dict[str, Any]) -> None:
+    _state(raw, "creating")["effect"] = "craete"
+
+
+def _edit_unknown_initial(raw: dict[str, Any]) -> None:
+    raw["initial"] = "nowhere"
+
+
+def _edit_unknown_key(raw: dict[str, Any]) -> None:
+    _transition(raw, "sandbox_started")["before"] = ["clear_reason"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        pytest.param(_edit_unknown_callback, "unknown callback 'remember_sandbx'", id="callback"),
+        pytest.param(_edit_unknown_condition, "unknown condition 'is_gpuu'", id="condition"),
+        pytest.param(_edit_unknown_dest, "unknown state 'runing'", id="dest"),
+        pytest.param(_edit_unknown_source, "unknown state 'startin'", id="source"),
+        pytest.param(_edit_unknown_trigger, "'sandbox_begun' is not an event type", id="trigger"),
+        pytest.param(
+            _edit_unreachable_state, "unreachable from 'new': ['limbo']", id="unreachable"
+        ),
+        pytest.param(_edit_dead_end, "state stuck: is a dead end", id="dead-end"),
+        pytest.param(
+            _edit_effect_outcome_not_accepted,
+            "['injection_failed'], which it does not accept",
+            id="effect-outcome",
+        ),
+        pytest.param(_edit_unknown_effect, "unknown effect 'craete'", id="effect"),
+        pytest.param(_edit_unknown_initial, "'nowhere' is not a declared state", id="initial"),
+        pytest.param(_edit_unknown_key, "unknown key(s) ['before']", id="key"),
+    ],
+)
+def test_invalid_machine_is_refused_at_load(edit: Any, expected: str) -> None:
+    """A broken machine fails at load with the file, the entry and the problem named."""
+    raw = copy.deepcopy(RAW)
+    edit(raw)
+    with pytest.raises(errors.MachineDefinitionError) as info:
+        machine.parse_spec(raw, YAML)
+    assert str(YAML) in str(info.value)
+    assert expected in str(info.value)
+
+
+def test_refusal_names_the_transition() -> None:
+    """The error for a bad transition names its trigger, sources and dest."""
+    raw = copy.deepcopy(RAW)
+    _edit_unknown_callback(raw)
+    with pytest.raises(
+        errors.MachineDefinitionError, match=r"sandbox_created: creating -> starting"
+    ):
+        machine.parse_spec(raw, YAML)
+
+
+def test_an_event_type_without_transition_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every event type must have a transition (no event silently ignored)."""
+    raw = copy.deepcopy(RAW)
+    raw["transitions"] = [t for t in raw["transitions"] if t["trigger"] != "retry_requested"]
+    with pytest.raises(
+        errors.MachineDefinitionError, match="without a transition: \\['retry_requested'\\]"
+    ):
+        machine.parse_spec(raw, YAML)
+
+
+def test_unreadable_file_is_a_clear_error(tmp_path: Path) -> None:
+    """A missing machine file is reported with its path."""
+    with pytest.raises(errors.MachineDefinitionError, match="cannot read lifecycle machine"):
+        machine.load_spec(tmp_path / "nope.yaml")
+
+
+def test_every_trigger_is_an_event_and_every_event_a_trigger() -> None:
+    """Triggers and event types are the same set."""
+    spec = machine.load_spec()
+    assert {t.trigger for t in spec.transitions} == set(events.REGISTRY)
+
+
+def test_checked_in_diagram_is_current() -> None:
+    """docs/lifecycle.mmd is what transitions renders from the YAML today."""
+    rendered = machine.render_mermaid(machine.load_spec())
+    assert diagram.MMD.read_text() == rendered, (
+        "docs/lifecycle.mmd is stale: run python -m substrate_gpu.lifecycle.diagram"
+    )
+
+
+def test_architecture_doc_embeds_the_current_diagram() -> None:
+    """docs/architecture.md embeds the same diagram."""
+    rendered = machine.render_mermaid(machine.load_spec())
+    text = diagram.ARCHITECTURE.read_text()
+    assert diagram.embed(text, rendered) == text, (
+        "the diagram in docs/architecture.md is stale: run python -m substrate_gpu.lifecycle.diagram"
+    )
+
+
+def test_diagram_is_mermaid_from_transitions() -> None:
+    """The rendering is a mermaid state diagram with guards on the edges."""
+    rendered = machine.render_mermaid(machine.load_spec())
+    assert "stateDiagram-v2" in rendered
+    assert "running --> checkpointing: suspend_requested [!has_live_context]" in rendered
+    assert "suspend_requested [has_live_context]" in rendered

@@ -1,0 +1,178 @@
+"""Walking the YAML: every transition fires as declared; every other event is refused.
+
+The cases are generated from machines/actor.yaml, so a new transition is tested the day it
+is added. Both engines (transitions' Machine and the dict table) must agree.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lifecycle.factories import make_event
+from substrate_gpu.lifecycle import actors, errors, events, machine
+
+SPEC = machine.load_spec()
+ENGINES = [
+    pytest.param(machine.TransitionsEngine, id="transitions"),
+    pytest.param(machine.TableEngine, id="table"),
+]
+
+
+def _table(engine: type[actors.Engine]) -> actors.ActorTable:
+    return actors.ActorTable(SPEC, engine(SPEC))  # type: ignore[call-arg]
+
+
+def _actor(state: str, **fields: object) -> actors.ActorView:
+    base: dict[str, object] = {
+        "actor_id": "a",
+        "state": state,
+        "gpu": False,
+        "bundle": "/bundles/a",
+        "checkpoint": None,
+        "live_contexts": 0,
+        "sandbox": False,
+        "reason": None,
+    }
+    base.update(fields)
+    return actors.ActorView(**base)  # type: ignore[arg-type]
+
+
+def _setup_for(t: machine.TransitionSpec, source: str) -> tuple[actors.ActorView | None, dict]:
+    """An actor in ``source`` (None: unknown) and event fields making ``t``'s guards hold."""
+    truth = dict.fromkeys(t.conditions, True) | dict.fromkeys(t.unless, False)
+    actor_fields: dict[str, object] = {}
+    event_fields: dict[str, object] = {}
+    if "is_gpu" in truth:
+        actor_fields["gpu"] = truth["is_gpu"]
+    if "has_live_context" in truth:
+        actor_fields["live_contexts"] = 1 if truth["has_live_context"] else 0
+    if "has_checkpoint" in truth:
+        actor_fields["checkpoint"] = "/checkpoints/a/1" if truth["has_checkpoint"] else None
+        if t.trigger == "restore_requested" and not truth["has_checkpoint"]:
+            event_fields["image_path"] = None
+    if "has_exited" in truth:
+        actor_fields["exited"] = truth["has_exited"]
+    if "sandbox_survived" in truth:
+        event_fields["sandbox_survived"] = truth["sandbox_survived"]
+    if source == SPEC.initial:
+        return None, event_fields
+    return _actor(source, **actor_fields), event_fields
+
+
+CASES = [
+    pytest.param(t, source, id=f"{t.index}-{t.trigger}-{source}->{t.dest_from(source)}")
+    for t in SPEC.transitions
+    for source in t.sources
+]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(("t", "source"), CASES)
+def test_every_transition_fires_as_declared(
+    engine: type[actors.Engine], t: machine.TransitionSpec, source: str
+) -> None:
+    """The event moves an actor from the source to the declared dest, and counts follow."""
+    table = _table(engine)
+    actor, event_fields = _setup_for(t, source)
+    if actor is not None:
+        table.put(actor)
+    step = table.apply(make_event(t.trigger, **event_fields))
+    assert (step.source, step.dest) == (source, t.dest_from(source))
+    assert table.state_of("a") == t.dest_from(source)
+    assert table.state_counts()[t.dest_from(source)] == 1
+    assert sum(table.state_counts().values()) == 1
+
+
+INVALID = [
+    pytest.param(state, event_type, id=f"{state}-{event_type}")
+    for state in SPEC.state_names
+    for event_type in sorted(events.REGISTRY)
+    if event_type not in SPEC.accepts[state]
+]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(("state", "event_type"), INVALID)
+def test_every_invalid_event_is_refused_and_changes_nothing(
+    engine: type[actors.Engine], state: str, event_type: str
+) -> None:
+    """An event the state has no transition for raises InvalidEvent; the actor is intact."""
+    table = _table(engine)
+    if state != SPEC.initial:
+        table.put(_actor(state, gpu=True, live_contexts=1, checkpoint="/c", reason="r"))
+    before = table.get("a").snapshot() if table.get("a") else None
+    counts = table.state_counts()
+    with pytest.raises(errors.InvalidEvent) as info:
+        table.apply(make_event(event_type))
+    assert (info.value.actor_id, info.value.state, info.value.event_type) == (
+        "a",
+        state,
+        event_type,
+    )
+    assert f"actor 'a' in state '{state}' refused event '{event_type}'" in str(info.value)
+    assert (table.get("a").snapshot() if table.get("a") else None) == before
+    assert table.state_counts() == counts
+    assert table.last_seq == 0
+
+
+@pytest.mark.parametrize(
+    ("state", "event", "fields"),
+    [
+        pytest.param(
+            "running", events.CudaContextClosed(actor_id="a"), {}, id="close-without-open"
+        ),
+        pytest.param(
+            "stopped", events.RestoreRequested(actor_id="a"), {}, id="restore-without-checkpoint"
+        ),
+    ],
+)
+def test_event_whose_guards_all_fail_is_refused(
+    state: str, event: events.Event, fields: dict[str, object]
+) -> None:
+    """A trigger valid in the state but with no guard holding is refused, actor intact."""
+    table = _table(machine.TransitionsEngine)
+    table.put(_actor(state, **fields))
+    before = table.get("a").snapshot()
+    with pytest.raises(errors.InvalidEvent, match="no transition's conditions hold"):
+        table.apply(event)
+    assert table.get("a").snapshot() == before
+
+
+def test_a_raising_callback_leaves_the_actor_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A callback failing mid-transition does not leak partial changes into the actor."""
+    table = _table(machine.TransitionsEngine)
+    table.put(_actor("running", gpu=True))
+
+    def boom(self: actors.Cursor) -> None:
+        self.reason = "partial"
+        raise RuntimeError("callback bug")
+
+    monkeypatch.setattr(actors.Cursor, "remember_reason", boom)
+    before = table.get("a").snapshot()
+    with pytest.raises(RuntimeError):
+        table.apply(events.SandboxExited(actor_id="a", status=1))
+    assert table.get("a").snapshot() == before
+    assert table.state_counts()["running"] == 1
+
+
+def test_accepted_events_are_stamped_in_order() -> None:
+    """Each accepted event gets the next sequence number."""
+    table = _table(machine.TransitionsEngine)
+    first = table.apply(events.ActorRegistered(actor_id="a", gpu=False, bundle="/b"))
+    second = table.apply(events.ActorRegistered(actor_id="b", gpu=False, bundle="/b"))
+    assert (first.event.seq, second.event.seq) == (1, 2)
+
+
+def test_entering_an_in_flight_state_names_its_effect() -> None:
+    """The step says which effect to start when an in-flight state is entered."""
+    table = _table(machine.TransitionsEngine)
+    table.put(_actor("bundle_prepared", gpu=True))
+    assert table.apply(events.RunRequested(actor_id="a")).effect == "inject"
+
+
+def test_a_reflexive_transition_starts_no_effect() -> None:
+    """Observing a context while checkpointing does not restart the checkpoint."""
+    table = _table(machine.TransitionsEngine)
+    table.put(_actor("checkpointing", gpu=True))
+    step = table.apply(events.CudaContextOpened(actor_id="a"))
+    assert (step.dest, step.effect) == ("checkpointing", None)

@@ -1,0 +1,176 @@
+"""Properties over random interleavings of events and effects across many actors."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+import anyio
+import hypothesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lifecycle.doubles import FakeInjector, FakeProbe, FakeRuntime
+from lifecycle.factories import make_event
+from substrate_gpu.lifecycle import Agent, actors, errors, events, machine
+
+SPEC = machine.load_spec()
+ACTORS = ("a0", "a1", "a2", "a3")
+ACTIONS = (
+    "register_gpu", "register_cpu", "bundle", "run", "suspend", "restore", "retry", "delete",
+    "open", "close", "exit", "settle", "break_create", "fix_create",
+)  # fmt: skip
+#: Steps drawn from; the suspend/context actions repeat so refusals happen often.
+WEIGHTED = (*ACTIONS, "suspend", "suspend", "open", "open", "close", "restore", "restore")
+IN_FLIGHT = set(SPEC.effects)
+
+
+def _check_invariants(agent: Agent, runtime: FakeRuntime) -> None:
+    views = [agent.actor(a) for a in ACTORS if agent.actor(a) is not None]
+    for view in views:
+        assert view is not None
+        if view.state == "suspended":
+            # No actor is suspended while a CUDA context of its sandbox is live.
+            assert runtime.live.get(view.actor_id, 0) == 0, view
+            assert view.live_contexts == 0, view
+        assert view.live_contexts >= 0, view
+    recount = collections.Counter(v.state for v in views if v is not None)
+    counts = agent.state_counts()
+    # Every actor is in exactly one state, and the incremental counts equal a recount.
+    assert {s: n for s, n in counts.items() if n} == dict(recount)
+    assert sum(counts.values()) == len(views) == len(agent)
+
+
+async def _act(agent: Agent, runtime: FakeRuntime, actor_id: str, action: str) -> None:
+    container = runtime.containers.get(actor_id)
+    running = container is not None and container.status == "running"
+    event: events.Event | None = None
+    if action in {"register_gpu", "register_cpu"}:
+        event = events.ActorRegistered(
+            actor_id=actor_id, gpu=action == "register_gpu", bundle=f"/b/{actor_id}"
+        )
+    elif action == "bundle":
+        event = events.BundlePrepared(actor_id=actor_id, bundle=f"/b/{actor_id}")
+    elif action == "run":
+        event = events.RunRequested(actor_id=actor_id)
+    elif action == "suspend":
+        event = events.SuspendRequested(actor_id=actor_id)
+    elif action == "restore":
+        event = events.RestoreRequested(actor_id=actor_id)
+    elif action == "retry":
+        event = events.RetryRequested(actor_id=actor_id)
+    elif action == "delete":
+        event = events.DeleteRequested(actor_id=actor_id)
+    elif action == "open" and running:
+        runtime.open_context(actor_id)
+        event = events.CudaContextOpened(actor_id=actor_id)
+    elif action == "close" and runtime.live.get(actor_id, 0):
+        runtime.close_context(actor_id)
+        event = events.CudaContextClosed(actor_id=actor_id)
+    elif action == "exit" and running:
+        runtime.exit_sandbox(actor_id)
+        event = events.SandboxExited(actor_id=actor_id, status=137)
+    elif action == "settle":
+        await agent.settle()
+    elif action == "break_create":
+        runtime.fail["create"] = "create failed"
+    elif action == "fix_create":
+        runtime.fail.pop("create", None)
+    if event is None:
+        return
+    # With no effect in flight, nothing but this submit can change the actor.
+    quiet = agent.pending_effects == 0
+    before = agent.actor(actor_id)
+    try:
+        await agent.submit(event)
+    except errors.InvalidEvent:
+        # A refused event leaves the actor exactly as it was.
+        if quiet:
+            assert agent.actor(actor_id) == before
+
+
+async def _scenario(
+    gpus: list[bool], steps: list[tuple[int, str]], leave_running: bool, blind: bool
+) -> None:
+    runtime = FakeRuntime(leave_running=leave_running)
+    probe = FakeProbe(runtime, blind=blind)
+    with TemporaryDirectory() as tmp:
+        async with Agent(
+            runtime=runtime,
+            probe=probe,
+            injector=FakeInjector(),
+            checkpoint_root=Path(tmp),
+            concurrency=3,
+            queue_size=4,
+        ) as agent:
+            # Every actor starts registered and running, so the steps explore later states.
+            for actor_id, gpu in zip(ACTORS, gpus, strict=True):
+                await _act(agent, runtime, actor_id, "register_gpu" if gpu else "register_cpu")
+                await _act(agent, runtime, actor_id, "bundle")
+                await _act(agent, runtime, actor_id, "run")
+            for index, action in steps:
+                await _act(agent, runtime, ACTORS[index], action)
+                _check_invariants(agent, runtime)
+            await agent.settle()
+            _check_invariants(agent, runtime)
+            # With effects that never hang, nothing is left in flight.
+            assert not [a for a in ACTORS if agent.state_of(a) in IN_FLIGHT]
+            for state in {agent.state_of(a) for a in ACTORS}:
+                hypothesis.event(f"an actor ends {state}")
+            for call in runtime.calls:
+                hypothesis.event(f"runtime {call[0]}")
+            if any(c[0] == "checkpoint" for c in runtime.calls) and any(runtime.live.values()):
+                hypothesis.event("checkpoint with a live context somewhere")
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    gpus=st.lists(st.booleans(), min_size=len(ACTORS), max_size=len(ACTORS)),
+    steps=st.lists(
+        st.tuples(st.integers(0, len(ACTORS) - 1), st.sampled_from(WEIGHTED)), max_size=60
+    ),
+    leave_running=st.booleans(),
+    blind=st.booleans(),
+)
+def test_random_interleavings_keep_the_invariants(
+    gpus: list[bool], steps: list[tuple[int, str]], leave_running: bool, blind: bool
+) -> None:
+    """No actor suspended with a live context; one state each; counts equal a recount."""
+    anyio.run(_scenario, gpus, steps, leave_running, blind)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(ACTORS[:2]),
+            st.sampled_from(sorted(events.REGISTRY)),
+            st.booleans(),
+            st.booleans(),
+        ),
+        max_size=80,
+    )
+)
+def test_both_engines_agree(steps: list[tuple[str, str, bool, bool]]) -> None:
+    """transitions' Machine and the dict table accept, refuse and move actors identically."""
+    tables = [
+        actors.ActorTable(SPEC, machine.TransitionsEngine(SPEC)),
+        actors.ActorTable(SPEC, machine.TableEngine(SPEC)),
+    ]
+    for actor_id, event_type, flag, survived in steps:
+        fields: dict[str, object] = {"gpu": flag, "sandbox_survived": survived}
+        if event_type == "restore_requested":
+            fields = {"image_path": "/ck" if flag else None}
+        event = make_event(event_type, actor_id, **fields)
+        results = []
+        for table in tables:
+            try:
+                step = table.apply(event)
+                results.append((step.source, step.dest, step.effect, step.reason, step.refusal))
+            except errors.InvalidEvent as e:
+                results.append(("refused", str(e)))
+        assert results[0] == results[1]
+        for actor_id_ in ACTORS[:2]:
+            first, second = (t.get(actor_id_) for t in tables)
+            assert (first.snapshot() if first else None) == (second.snapshot() if second else None)
