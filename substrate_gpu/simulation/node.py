@@ -180,16 +180,26 @@ def build_node(
     driver_version: str = "580.65.06",
     libraries: tuple[tuple[str, str], ...] = DEFAULT_LIBRARIES,
     real_device_nodes: bool | None = None,
+    openable_devices: bool = False,
 ) -> SimulatedNode:
-    """Create a simulated GPU node under ``root`` (which must be empty or absent)."""
+    """Create a simulated GPU node under ``root`` (which must be empty or absent).
+
+    ``openable_devices`` gives every NVIDIA node the numbers of ``/dev/null`` (1:3), so a
+    workload in an actor can really hold a GPU handle open (a "live CUDA context" that the
+    fd probe and the runsc stand-in can see); NVIDIA's own numbers would fail with ENXIO.
+    """
     real = os.geteuid() == 0 if real_device_nodes is None else real_device_nodes
+
+    def numbers(major: int, minor: int) -> tuple[int, int]:
+        return (1, 3) if openable_devices else (major, minor)
+
     dev = root / "dev"
     dev.mkdir(parents=True, exist_ok=True)
     for index in gpus:
-        _make_device(dev / f"nvidia{index}", NVIDIA_MAJOR, index, real=real)
-    _make_device(dev / "nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR, real=real)
-    _make_device(dev / "nvidia-uvm", UVM_MAJOR, 0, real=real)
-    _make_device(dev / "nvidia-uvm-tools", UVM_MAJOR, 1, real=real)
+        _make_device(dev / f"nvidia{index}", *numbers(NVIDIA_MAJOR, index), real=real)
+    _make_device(dev / "nvidiactl", *numbers(NVIDIA_MAJOR, NVIDIACTL_MINOR), real=real)
+    _make_device(dev / "nvidia-uvm", *numbers(UVM_MAJOR, 0), real=real)
+    _make_device(dev / "nvidia-uvm-tools", *numbers(UVM_MAJOR, 1), real=real)
 
     driver_root = root / "usr/local/nvidia"
     build_libraries(driver_root / "lib64", libraries, version=driver_version)
