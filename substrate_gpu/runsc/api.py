@@ -8,11 +8,12 @@ messages so the state machine can decide (refuse, retry, record) without parsing
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from substrate_gpu import exceptions
+from substrate_gpu import _process, exceptions
 
 #: ``runsc state`` statuses (the OCI runtime state).
 ContainerStatus = Literal["creating", "created", "running", "stopped", "paused"]
@@ -116,4 +117,23 @@ class SandboxRuntime(Protocol):
 
     async def delete(self, container_id: str, *, force: bool = False) -> None:
         """``runsc --root R delete [--force] ID``."""
+        ...
+
+
+class SandboxExec(Protocol):
+    """Running a command inside an existing sandbox (``runsc exec``).
+
+    Kept apart from :class:`SandboxRuntime` so the lifecycle's runtime contract stays as it
+    is; :class:`~substrate_gpu.runsc.driver.RunscDriver` implements both. Used to run
+    ``cuda-checkpoint`` where the CUDA processes live (``substrate_gpu.cudackpt``).
+    """
+
+    async def exec(
+        self, container_id: str, argv: Sequence[str], timeout: float | None = None
+    ) -> _process.CommandResult:
+        """``runsc --root R exec ID CMD…``; the command's status and output are returned.
+
+        Raises :class:`RunscError` only when runsc could not run the command (unknown or
+        stopped container, timeout).
+        """
         ...

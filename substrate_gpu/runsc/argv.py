@@ -24,6 +24,7 @@ data, with no I/O:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,6 +105,27 @@ def restore(
         str(image_path),
         "--detach",
         container_id,
+    )
+
+
+def exec_(
+    inv: Invocation, container_id: str, command: Sequence[str], *, detach: bool = False
+) -> tuple[str, ...]:
+    """``runsc --root R exec [--detach] ID CMD…``: run ``command`` inside the sandbox.
+
+    Never ``--nvproxy`` (the sandbox exists). ``command`` follows the container id verbatim:
+    Go's ``flag`` stops at the first positional argument, so the command's own flags
+    (``cuda-checkpoint --get-state``) are never taken for runsc's. An empty command is
+    refused here rather than by runsc.
+    """
+    if not command:
+        raise ValueError(f"exec in container {container_id}: the command is empty")
+    return (
+        *_prefix(inv),
+        "exec",
+        *(("--detach",) if detach else ()),
+        container_id,
+        *(str(a) for a in command),
     )
 
 

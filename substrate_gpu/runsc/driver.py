@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast, get_args
@@ -28,6 +29,7 @@ import anyio
 
 from substrate_gpu import _process, exceptions
 from substrate_gpu.runsc import api, argv, errors
+from substrate_gpu.runsc import argv as _command_lines  # ``exec``'s parameter shadows ``argv``
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,9 @@ class Timeouts:
     """``kill``: signals the container."""
     delete: float = 60.0
     """``delete``: tears the sandbox down."""
+    exec: float = 60.0
+    """``exec``: a command run inside the sandbox (``cuda-checkpoint``), unless the caller
+    gives its own timeout."""
     detect: float = 10.0
     """``--version``, ``help``, ``flags``, ``nvproxy list-supported-drivers``."""
 
@@ -82,6 +87,14 @@ class RunscConfig:
 
 
 _STATUSES: frozenset[str] = frozenset(get_args(api.ContainerStatus))
+
+#: runsc's own refusals to exec (as opposed to the exec'd command failing): the container
+#: cannot be loaded, or is not running. Anchored on runsc's wording so a command that
+#: merely prints "not found" is not mistaken for runsc failing.
+_RUNSC_OWN_FAILURE = re.compile(
+    r"^(?:loading container: |.*cannot execute in container \"[^\"]*\" in state )",
+    re.IGNORECASE | re.MULTILINE,
+)
 
 
 def parse_state(container_id: str, stdout: str) -> api.ContainerState:
@@ -297,6 +310,47 @@ class RunscDriver:
             doing=f"querying the state of container {container_id}",
         )
         return parse_state(container_id, result.stdout)
+
+    async def exec(
+        self,
+        container_id: str,
+        argv: Sequence[str],
+        timeout: float | None = None,
+        *,
+        detach: bool = False,
+    ) -> _process.CommandResult:
+        """``runsc --root R exec [--detach] ID CMD…``: run a command inside the sandbox.
+
+        The command's exit status and output are **returned, not judged**: runsc exec exits
+        with the command's status, and only the caller knows what a non-zero status of its
+        command means (``cuda-checkpoint`` reports a failed lock that way). Raises
+        :class:`~substrate_gpu.runsc.api.RunscError` only when runsc itself could not run
+        the command — the container is unknown or stopped (runsc's own messages, typed as
+        usual), runsc cannot be started, or the call outlives ``timeout`` seconds
+        (default ``Timeouts.exec``; the process group is killed).
+        """
+        args = _command_lines.exec_(self._inv, container_id, argv, detach=detach)
+        doing = f"running {argv[0] if argv else '(nothing)'} in container {container_id}"
+        result = await self._run_unchecked(
+            args, timeout=self.config.timeouts.exec if timeout is None else timeout, doing=doing
+        )
+        if result.returncode != 0 and _RUNSC_OWN_FAILURE.search(result.stderr):
+            raise errors.error_class(result.stderr)(
+                f"while {doing}: runsc exited with status {result.returncode}; "
+                f"stderr: {_process.tail(result.stderr) or '(empty)'}",
+                argv=result.argv,
+                returncode=result.returncode,
+                stderr=result.stderr,
+            )
+        return result
+
+    async def _run_unchecked(
+        self, args: tuple[str, ...], *, timeout: float, doing: str
+    ) -> _process.CommandResult:
+        try:
+            return await _process.run_command(args, timeout=timeout, what=doing, check=False)
+        except exceptions.ExternalCommandError as e:
+            raise errors.from_command_error(e) from e
 
     async def kill(self, container_id: str, signal: str = "KILL") -> None:
         """``runsc --root R kill ID SIGNAL``."""

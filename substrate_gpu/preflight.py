@@ -1,0 +1,330 @@
+"""Driver preflight: refuse, before any sandbox exists, what gVisor would fail after the fact.
+
+Three questions, each a pure decision on plain facts, with thin readers beside them:
+
+- **Does this runsc support the host's NVIDIA driver?** nvproxy speaks one ioctl ABI per
+  driver version and lists them (``runsc nvproxy list-supported-drivers``). An unlisted
+  driver makes ``runsc create --nvproxy`` fail deep in sandbox boot; we refuse first, with
+  a message that says what to do. (A runsc without the list cannot be asked: the check is
+  skipped and runsc's own ``unsupported Nvidia driver version`` remains, typed.)
+- **Can this checkpoint be restored here?** nvproxy records the driver ABI in the image and
+  a GPU sandbox expects its devices: a restore onto **another driver version** panics
+  (``driver version … not found in abis map``), onto **fewer GPUs** fails when the saved
+  device files are reopened. The :class:`CheckpointManifest` written next to the image
+  records both; :func:`check_restore` compares them with the host.
+- **Can cuda-checkpoint work?** It needs driver ≥ 550 (``--toggle``); the separate
+  ``--action lock|checkpoint|restore|unlock`` and ``--timeout`` arrived with 570.
+
+Reading the driver version: the kernel module's ``/proc/driver/nvidia/version`` is what
+nvproxy talks to, so it wins; the user-space ``<driver-root>/lib64/libcuda.so.<version>``
+is the fallback where /proc/driver/nvidia is not visible. When both are readable and
+disagree, the node is broken (user space and kernel module from different installs) and
+GPU work is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal, Protocol, cast
+
+from substrate_gpu import _atomic, exceptions
+from substrate_gpu.injection import devices
+from substrate_gpu.runsc import api as runsc_api
+
+#: The kernel module's version file.
+PROC_VERSION = Path("/proc/driver/nvidia/version")
+
+#: Next to ``checkpoint.img`` in the image directory.
+MANIFEST_NAME = "substrate-gpu-manifest.json"
+
+#: The manifest format; bumped on incompatible changes.
+MANIFEST_SCHEMA = 1
+
+#: cuda-checkpoint's minimum driver (``--toggle``).
+CUDA_CHECKPOINT_MIN_DRIVER = 550
+#: The driver that added ``--action lock|checkpoint|restore|unlock`` and ``--timeout``.
+CUDA_CHECKPOINT_ACTIONS_MIN_DRIVER = 570
+
+#: Why a preflight refused; bounded (a metric label).
+RefusalCode = Literal[
+    "driver-unreadable",
+    "driver-mismatch",
+    "driver-unsupported",
+    "driver-too-old",
+    "restore-other-driver",
+    "restore-fewer-gpus",
+]
+
+# "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 …" (proprietary),
+# "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  …"
+# (open), "… Open Kernel Module for aarch64 …"; old drivers have two-part versions (418.56).
+_PROC_VERSION_LINE = re.compile(
+    r"^NVRM version:.*?Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)\s", re.MULTILINE
+)
+_LIBCUDA = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$")
+
+
+class PreflightError(exceptions.SubstrateGpuError):
+    """A preflight fact could not be read (a corrupt manifest, an unreadable version file)."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A preflight said no: what, and why in words an operator can act on."""
+
+    code: RefusalCode
+    """The kind of refusal (bounded: a metric label, an event field)."""
+    reason: str
+    """The full explanation, naming the versions and counts involved."""
+
+
+@dataclass(frozen=True)
+class HostGpuFacts:
+    """What the worker has: the driver version and the GPUs it holds."""
+
+    driver_version: str
+    """The NVIDIA driver version, e.g. ``580.65.06``."""
+    gpu_count: int
+    """How many ``/dev/nvidiaN`` nodes the worker holds (any indices)."""
+
+
+@dataclass(frozen=True)
+class CheckpointManifest:
+    """What a GPU checkpoint needs from the node it is restored on; stored beside the image."""
+
+    driver_version: str
+    """The driver the sandbox ran on (nvproxy's ABI is tied to it)."""
+    gpu_count: int
+    """GPUs the sandbox held; a restore needs at least as many."""
+    cuda_state_included: bool
+    """The image holds CUDA state (suspended through cuda-checkpoint), not just a sandbox
+    without contexts."""
+    route: str = ""
+    """How it was suspended (``runsc-cuda-checkpoint``, ``exec-cuda-checkpoint``, or empty)."""
+    schema: int = MANIFEST_SCHEMA
+    """The manifest format."""
+
+    def to_json(self) -> bytes:
+        """Stable, sorted JSON (one object)."""
+        return (json.dumps(asdict(self), sort_keys=True, indent=2) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str, *, source: str = "<string>") -> CheckpointManifest:
+        """Parse and check a manifest; :class:`PreflightError` names the bad field."""
+
+        def bad(problem: str) -> PreflightError:
+            return PreflightError(f"while reading checkpoint manifest {source}: {problem}")
+
+        try:
+            raw: object = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise bad(f"invalid JSON ({e})") from e
+        if not isinstance(raw, dict):
+            raise bad("not a JSON object")
+        payload = cast("dict[str, object]", raw)
+        schema = payload.get("schema")
+        if schema != MANIFEST_SCHEMA:
+            raise bad(f"unknown schema {schema!r} (this agent reads {MANIFEST_SCHEMA})")
+        version, count = payload.get("driver_version"), payload.get("gpu_count")
+        cuda, route = payload.get("cuda_state_included"), payload.get("route", "")
+        if not isinstance(version, str) or not version:
+            raise bad("'driver_version' must be a non-empty string")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise bad(f"'gpu_count' must be a non-negative integer, not {count!r}")
+        if not isinstance(cuda, bool):
+            raise bad(f"'cuda_state_included' must be true or false, not {cuda!r}")
+        if not isinstance(route, str):
+            raise bad(f"'route' must be a string, not {route!r}")
+        return cls(driver_version=version, gpu_count=count, cuda_state_included=cuda, route=route)
+
+
+# -- pure decisions -------------------------------------------------------------------------
+
+
+def parse_proc_version(text: str) -> str | None:
+    """The driver version in ``/proc/driver/nvidia/version`` text, or None if absent."""
+    match = _PROC_VERSION_LINE.search(text)
+    return match.group(1) if match else None
+
+
+def version_from_libcuda_names(names: list[str]) -> str | None:
+    """The version of ``libcuda.so.<version>`` among file names (``libcuda.so.1`` is a SONAME
+    link, not a version). :class:`PreflightError` when two versions are installed."""
+    found = sorted({m.group(1) for n in names if (m := _LIBCUDA.match(n)) and "." in m.group(1)})
+    if len(found) > 1:
+        raise PreflightError(
+            f"while reading the NVIDIA driver version: several libcuda versions installed "
+            f"({', '.join(found)}); remove the stale one"
+        )
+    return found[0] if found else None
+
+
+def major_of(version: str) -> int:
+    """``580`` for ``580.65.06``."""
+    return int(version.split(".", 1)[0])
+
+
+def decide_driver_version(proc_version: str | None, libcuda_version: str | None) -> str | Refusal:
+    """The host's driver version from the two sources (the kernel module's wins)."""
+    if proc_version and libcuda_version and proc_version != libcuda_version:
+        return Refusal(
+            "driver-mismatch",
+            f"the NVIDIA kernel module is {proc_version} but the driver root holds libcuda "
+            f"{libcuda_version}: user space and kernel module must come from one install; "
+            "fix the node's driver installation",
+        )
+    version = proc_version or libcuda_version
+    if version is None:
+        return Refusal(
+            "driver-unreadable",
+            "no NVIDIA driver version found (neither /proc/driver/nvidia/version nor "
+            "<driver-root>/lib64/libcuda.so.<version>); is the driver installed and the "
+            "driver root (ATE_NVIDIA_DRIVER_ROOT) right?",
+        )
+    return version
+
+
+def check_driver_supported(version: str, supported: tuple[str, ...] | None) -> Refusal | None:
+    """Refuse a driver runsc's nvproxy does not list (``None``: runsc cannot list; no check)."""
+    if supported is None or version in supported:
+        return None
+    same_branch = [v for v in supported if major_of(v) == major_of(version)]
+    hint = (
+        f"supported {major_of(version)}.x drivers: {', '.join(same_branch)}"
+        if same_branch
+        else f"runsc supports {len(supported)} drivers, none of the {major_of(version)} branch"
+    )
+    return Refusal(
+        "driver-unsupported",
+        f"NVIDIA driver {version} is not supported by this runsc's nvproxy ({hint}); "
+        "install a listed driver or a runsc that supports this one — refused before "
+        "creating any sandbox",
+    )
+
+
+def check_cuda_checkpoint_driver(version: str, *, need_actions: bool = False) -> Refusal | None:
+    """Refuse a driver too old for cuda-checkpoint (550; 570 for ``--action``/``--timeout``)."""
+    minimum = CUDA_CHECKPOINT_ACTIONS_MIN_DRIVER if need_actions else CUDA_CHECKPOINT_MIN_DRIVER
+    if major_of(version) >= minimum:
+        return None
+    what = "lock/checkpoint/restore/unlock actions with a lock timeout" if need_actions else "it"
+    return Refusal(
+        "driver-too-old",
+        f"cuda-checkpoint needs NVIDIA driver {minimum} or newer for {what}; "
+        f"this node runs {version}",
+    )
+
+
+def check_restore(manifest: CheckpointManifest, host: HostGpuFacts) -> Refusal | None:
+    """Refuse restoring ``manifest``'s checkpoint on ``host``: another driver, fewer GPUs."""
+    if manifest.gpu_count == 0 and not manifest.cuda_state_included:
+        return None  # a CPU sandbox: nothing GPU-bound in the image
+    if manifest.driver_version != host.driver_version:
+        return Refusal(
+            "restore-other-driver",
+            f"the checkpoint was taken on NVIDIA driver {manifest.driver_version}, this node "
+            f"runs {host.driver_version}: nvproxy cannot restore across driver versions; "
+            "restore on a node with the same driver",
+        )
+    if host.gpu_count < manifest.gpu_count:
+        return Refusal(
+            "restore-fewer-gpus",
+            f"the checkpoint holds {manifest.gpu_count} GPU(s), this worker has "
+            f"{host.gpu_count}: restore on a worker with at least as many GPUs",
+        )
+    return None
+
+
+# -- thin readers ---------------------------------------------------------------------------
+
+
+def read_proc_version(path: Path = PROC_VERSION) -> str | None:
+    """The version in the kernel module's file, or None where it is absent."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise PreflightError(f"while reading the NVIDIA driver version from {path}: {e}") from e
+    return parse_proc_version(text)
+
+
+def read_libcuda_version(driver_root: Path) -> str | None:
+    """The version suffix of ``<driver_root>/lib64/libcuda.so.<version>``, or None."""
+    try:
+        names = [p.name for p in (driver_root / "lib64").iterdir()]
+    except OSError:
+        return None
+    return version_from_libcuda_names(names)
+
+
+def host_facts(
+    *, driver_root: Path, proc_version: Path = PROC_VERSION, dev_root: Path = Path("/")
+) -> HostGpuFacts | Refusal:
+    """Read the driver version (kernel module first, driver root second) and count GPUs."""
+    decided = decide_driver_version(
+        read_proc_version(proc_version), read_libcuda_version(driver_root)
+    )
+    if isinstance(decided, Refusal):
+        return decided
+    return HostGpuFacts(driver_version=decided, gpu_count=len(devices.detect_gpus(dev_root)))
+
+
+def write_manifest(image_path: Path, manifest: CheckpointManifest) -> Path:
+    """Write the manifest atomically into the checkpoint's image directory; return its path."""
+    path = image_path / MANIFEST_NAME
+    try:
+        _atomic.write_atomically(path, manifest.to_json())
+    except OSError as e:
+        raise PreflightError(f"while writing checkpoint manifest {path}: {e}") from e
+    return path
+
+
+def read_manifest(image_path: Path) -> CheckpointManifest | None:
+    """The manifest beside a checkpoint image, or None when it has none (a CPU checkpoint,
+    or one from before manifests)."""
+    path = image_path / MANIFEST_NAME
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise PreflightError(f"while reading checkpoint manifest {path}: {e}") from e
+    return CheckpointManifest.from_json(data, source=str(path))
+
+
+class DriverLister(Protocol):
+    """The part of the runtime preflight asks (:class:`~substrate_gpu.runsc.RunscDriver`)."""
+
+    async def features(self) -> runsc_api.RunscFeatures:
+        """What the runtime supports."""
+        ...
+
+    async def list_supported_drivers(self) -> tuple[str, ...]:
+        """``runsc nvproxy list-supported-drivers``."""
+        ...
+
+
+async def supported_drivers(runtime: DriverLister) -> tuple[str, ...] | None:
+    """The drivers runsc's nvproxy supports, or None for a runsc that cannot list them."""
+    if not (await runtime.features()).list_supported_drivers:
+        return None
+    return await runtime.list_supported_drivers()
+
+
+async def preflight_host(
+    runtime: DriverLister,
+    *,
+    driver_root: Path,
+    proc_version: Path = PROC_VERSION,
+    dev_root: Path = Path("/"),
+) -> HostGpuFacts | Refusal:
+    """Before ``create``/``restore`` of a GPU sandbox: the host's facts, or why to refuse."""
+    facts = host_facts(driver_root=driver_root, proc_version=proc_version, dev_root=dev_root)
+    if isinstance(facts, Refusal):
+        return facts
+    refusal = check_driver_supported(facts.driver_version, await supported_drivers(runtime))
+    return refusal or facts
