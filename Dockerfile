@@ -6,6 +6,10 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY substrate_gpu ./substrate_gpu
 COPY machines ./machines
+# gcc + libc headers: the demo's simulated node builds real ELF driver libraries.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 RUN pip install --no-cache-dir . \
     && useradd --system --uid 10001 --no-create-home substrate
 

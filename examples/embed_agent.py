@@ -92,7 +92,13 @@ async def main() -> None:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(show)
                 a = "actor-1"
-                await agent.submit(events.ActorRegistered(actor_id=a, gpu=True, bundle="/b/1"))
+                # The pool refuses to suspend a live CUDA context ("auto" would look for a
+                # cuda-checkpoint route first: see docs/gpu-suspend.md).
+                await agent.submit(
+                    events.ActorRegistered(
+                        actor_id=a, gpu=True, bundle="/b/1", suspend_policy="refuse"
+                    )
+                )
                 await agent.submit(events.BundlePrepared(actor_id=a, bundle="/b/1"))
                 await agent.submit(events.RunRequested(actor_id=a))
                 await agent.wait_for_state(a, "running", timeout=10)

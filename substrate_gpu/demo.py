@@ -1,39 +1,83 @@
-"""``substrate-gpu demo``: a simulated GPU node, end to end, in a temporary directory.
+"""``substrate-gpu demo``: a simulated GPU node running actors through their whole life.
 
-The node has real char device nodes (when root), real ELF driver libraries and the
-toolkit stand-ins (:mod:`substrate_gpu.simulation`). The demo generates the worker's CDI
-spec through the production generation path, injects it into actor bundles, shows that a
-second injection is a no-op, and — with root and runc — runs each actor in a real runc
-container and prints what the actor sees. It says which runtime it used.
+What runs is the production path end to end: the standalone agent's service
+(:mod:`substrate_gpu.service`: the event log, the lifecycle Agent, acknowledgements), the
+runsc driver, the fd-scanning CUDA probe, and the worker's GPU injector generating its CDI
+spec with the toolkit stand-in (toolkit-1.20-shaped) on a simulated node: char device
+nodes that a workload can really hold open, real ELF driver libraries.
+
+The runtime is chosen, and said:
+
+- **root and runc present**: the runsc driver drives the runsc stand-in
+  (:mod:`substrate_gpu.simulation.runsc`, installed as a ``runsc`` script on the node),
+  which runs every sandbox as a real runc container and fails a checkpoint exactly as
+  gVisor does while a GPU handle is open. A GPU workload holds ``/dev/nvidia0`` open until
+  told to let go: the fd probe sees it in ``/proc``.
+- **otherwise**: :class:`SimulatedSandboxes`, an in-process model of runsc (and of the
+  workload's GPU handle) with the same failure modes, because runc needs root. Everything
+  above the runtime (injection into real bundle files, the machine, the log) is unchanged.
+
+The demo's actors: ``gpu-trainer`` (holds a CUDA context: its suspend is refused, then
+accepted once the context closes, then it is restored and deleted), ``gpu-notebook`` (a GPU
+actor between workloads: suspended and restored straight away) and ``cpu-sandbox`` (no GPU:
+injection is skipped). The event log is left behind and replayed: the replayed final states
+must equal the live ones.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import tempfile
-import uuid
-from dataclasses import dataclass
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Final, TextIO
 
 import anyio
+import structlog
 
-from substrate_gpu import cdi
+from substrate_gpu import eventlog, exceptions
 from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.injection import toolkit
-from substrate_gpu.rootfs import SonameCache
+from substrate_gpu.injection.injector import WorkerGpuInjector
+from substrate_gpu.lifecycle import Agent, Transition, events
+from substrate_gpu.probes.api import CudaContextProbe, GpuClient
+from substrate_gpu.probes.fd_scan import FdScanProbe
+from substrate_gpu.runsc import api as runsc
+from substrate_gpu.runsc import driver
+from substrate_gpu.service import AgentConfig, AgentService, Components, running_agent
 from substrate_gpu.simulation import bundles
 from substrate_gpu.simulation import node as node_
 
-ACTOR_VIEW = r"""
-echo "  devices: $(ls /dev | grep nvidia | tr '\n' ' ')"
-( : < /dev/nvidia0 ) 2>&1 | sed 's/^/  open \/dev\/nvidia0: /'
-echo "  LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-echo "  NVIDIA_VISIBLE_DEVICES=${NVIDIA_VISIBLE_DEVICES:-(unset)}"
-echo "  $LIBDIR/libcuda.so.1 -> $(readlink $LIBDIR/libcuda.so.1)"
+#: Annotation read by :class:`SimulatedSandboxes`: the workload holds a GPU handle until this
+#: path exists in its rootfs (real runc ignores it: there the workload's script does it).
+HOLDS_GPU_UNTIL: Final = "substrate-gpu.demo/holds-gpu-until"
+RELEASE_FILE: Final = "/tmp/release"  # noqa: S108  (a path inside the actor's rootfs)
+
+#: Holds ``/dev/nvidia0`` open (a live CUDA client) until the release file appears.
+HOLDING_WORKLOAD: Final = f"""
+exec 3</dev/nvidia0
+while [ ! -e {RELEASE_FILE} ]; do sleep 0.05; done
+exec 3<&-
+while true; do sleep 1; done
 """
+IDLE_WORKLOAD: Final = "while true; do sleep 1; done"
+
+#: What a GPU actor sees of its injected GPU (run inside the sandbox with ``runsc exec``).
+ACTOR_VIEW: Final = r"""
+echo "devices: $(ls /dev | grep nvidia | tr '\n' ' ')"
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+echo "NVIDIA_VISIBLE_DEVICES=${{NVIDIA_VISIBLE_DEVICES:-(unset)}}"
+echo "{lib64}/libcuda.so.1 -> $(readlink {lib64}/libcuda.so.1)"
+"""
+
+WAIT_S: Final = 30.0
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,100 +85,540 @@ class DemoResult:
     """What the demo did, for tests and the summary."""
 
     workdir: Path
-    """Where the simulated node and bundles live."""
+    """Where the node, bundles, log and checkpoints are."""
     runtime: str
-    """``runc`` or ``none`` (why is printed)."""
-    injected: int
-    """Bundles injected."""
+    """``runc`` (runsc stand-in over real runc) or ``simulated`` (in-process)."""
+    event_log: Path
+    """The event log the run left behind."""
+    final_states: Mapping[str, str]
+    """Every actor's state when the demo ended."""
+    replayed_states: Mapping[str, str]
+    """The same, rebuilt by replaying the event log."""
+    refusals: tuple[Transition, ...]
+    """The suspend attempts refused because a CUDA context was live."""
+    transitions: tuple[Transition, ...] = field(default=(), repr=False)
+    """Every transition, in order."""
 
 
-def _runc_usable() -> tuple[str | None, str]:
+# --- the in-process runtime, when runc cannot be used ------------------------------------
+
+
+@dataclass
+class _Sandbox:
+    bundle: Path
+    status: runsc.ContainerStatus
+    pid: int
+    holds_until: str | None
+
+
+class SimulatedSandboxes:
+    """An in-process runsc (:class:`SandboxRuntime`) and CUDA probe, for machines without runc.
+
+    Models what the lifecycle depends on: container states, ``--leave-running``, a checkpoint
+    image on disk, and gVisor's refusal to save a sandbox holding a GPU handle (the workload
+    holds one while its bundle's :data:`HOLDS_GPU_UNTIL` path does not exist in its rootfs).
+    """
+
+    def __init__(self) -> None:
+        self._sandboxes: dict[str, _Sandbox] = {}
+        self._next_pid = 40_000
+
+    def _error(self, cls: type[runsc.RunscError], message: str) -> runsc.RunscError:
+        return cls(message, argv=("simulated-runsc",), returncode=128, stderr=message)
+
+    def _get(self, container_id: str) -> _Sandbox:
+        sandbox = self._sandboxes.get(container_id)
+        if sandbox is None:
+            raise self._error(
+                runsc.ContainerNotFoundError,
+                f"loading container {container_id!r}: file does not exist",
+            )
+        return sandbox
+
+    def _holds_gpu(self, sandbox: _Sandbox) -> bool:
+        if sandbox.status != "running" or sandbox.holds_until is None:
+            return False
+        return not (sandbox.bundle / "rootfs" / sandbox.holds_until.lstrip("/")).exists()
+
+    def _new(self, container_id: str, bundle: Path, status: runsc.ContainerStatus) -> None:
+        if container_id in self._sandboxes:
+            raise self._error(runsc.RunscError, f"container {container_id!r} already exists")
+        config = json.loads((bundle / "config.json").read_text())
+        holds = config.get("annotations", {}).get(HOLDS_GPU_UNTIL)
+        self._next_pid += 1
+        self._sandboxes[container_id] = _Sandbox(bundle, status, self._next_pid, holds)
+
+    async def features(self) -> runsc.RunscFeatures:
+        return runsc.RunscFeatures(
+            version="runsc version simulated (in-process)",
+            leave_running=True,
+            cuda_checkpoint_path=False,
+            nvproxy_driver_version=False,
+            list_supported_drivers=False,
+        )
+
+    async def create(self, container_id: str, bundle: Path, *, nvproxy: bool) -> None:
+        self._new(container_id, bundle, "created")
+
+    async def start(self, container_id: str) -> None:
+        sandbox = self._get(container_id)
+        if sandbox.status != "created":
+            raise self._error(
+                runsc.RunscError,
+                f'starting container: cannot start container "{container_id}" '
+                f"in state {sandbox.status}",
+            )
+        sandbox.status = "running"
+
+    async def checkpoint(
+        self,
+        container_id: str,
+        image_path: Path,
+        *,
+        leave_running: bool,
+        cuda_checkpoint_path: Path | None = None,
+    ) -> None:
+        sandbox = self._get(container_id)
+        if sandbox.status not in ("created", "running", "paused"):
+            raise self._error(
+                runsc.ContainerStoppedError,
+                f'checkpoint failed: cannot checkpoint container "{container_id}" '
+                f"in state {sandbox.status}",
+            )
+        if self._holds_gpu(sandbox):
+            if not leave_running:
+                sandbox.status = "stopped"
+            raise self._error(
+                runsc.LiveNvproxyClientsError,
+                f'checkpoint failed: checkpointing container "{container_id}": saving kernel '
+                "state: encoding error: can't save with live nvproxy clients",
+            )
+        image_path.mkdir(parents=True, exist_ok=True)
+        (image_path / "checkpoint.img").write_text(json.dumps({"id": container_id}) + "\n")
+        if not leave_running:
+            sandbox.status = "stopped"
+
+    async def restore(
+        self, container_id: str, bundle: Path, image_path: Path, *, nvproxy: bool
+    ) -> None:
+        if not (image_path / "checkpoint.img").is_file():
+            raise self._error(
+                runsc.RunscError, f"restore failed: opening {image_path}/checkpoint.img"
+            )
+        self._new(container_id, bundle, "running")
+
+    async def state(self, container_id: str) -> runsc.ContainerState:
+        sandbox = self._get(container_id)
+        pid = sandbox.pid if sandbox.status in ("created", "running") else 0
+        return runsc.ContainerState(
+            id=container_id, status=sandbox.status, pid=pid, bundle=str(sandbox.bundle)
+        )
+
+    async def kill(self, container_id: str, signal: str = "KILL") -> None:
+        self._get(container_id).status = "stopped"
+
+    async def delete(self, container_id: str, *, force: bool = False) -> None:
+        sandbox = self._get(container_id)
+        if sandbox.status == "running" and not force:
+            raise self._error(runsc.RunscError, f"cannot delete running container {container_id}")
+        del self._sandboxes[container_id]
+
+    async def live_clients(self, pids: tuple[int, ...]) -> tuple[GpuClient, ...]:
+        """The probe: the GPU handle of every holding workload among ``pids``."""
+        return tuple(
+            GpuClient(pid=s.pid, fd=3, target="/dev/nvidia0")
+            for s in self._sandboxes.values()
+            if s.pid in pids and self._holds_gpu(s)
+        )
+
+
+# --- the node and its runtime ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DemoNode:
+    """A simulated node wired for an agent."""
+
+    node: node_.SimulatedNode
+    components: Components
+    runtime: str
+    """``runc`` or ``simulated``."""
+    runtime_detail: str
+    """Which runtime, and why (printed)."""
+    config: AgentConfig
+
+
+def choose_runtime() -> tuple[str | None, str]:
+    """(runc path or None, what is used and why)."""
     runc = shutil.which("runc")
     if runc is None:
-        return None, "runc is not installed"
+        return None, "in-process simulated runsc (runc is not installed)"
     if os.geteuid() != 0:
-        return None, "not running as root"
-    return runc, "runc " + subprocess.run(
+        return None, "in-process simulated runsc (not running as root: runc needs root)"
+    try:
+        bundles.find_busybox()
+    except exceptions.ConfigError:
+        return None, "in-process simulated runsc (no static busybox for the actors' rootfs)"
+    version = subprocess.run(
         [runc, "--version"], capture_output=True, text=True, check=False
-    ).stdout.split("\n", 1)[0].removeprefix("runc version ")
+    ).stdout.split("\n", 1)[0]
+    return runc, f"runsc driver -> runsc stand-in -> real runc ({version})"
 
 
-def run_demo(workdir: Path, out: TextIO, *, actors: int = 2) -> DemoResult:
-    """Run the demo under ``workdir``; progress goes to ``out``."""
-    print(f"simulated GPU node in {workdir}", file=out)
-    sim = node_.build_node(workdir / "node", gpus=(0, 1))
-    kind = "mknod char devices" if sim.real_device_nodes else "links to /dev/null (not root)"
-    print(f"  GPUs {sim.gpus}, driver {sim.driver_version}, device nodes: {kind}", file=out)
+def build_demo_node(
+    workdir: Path, *, metrics_host: str = "127.0.0.1", metrics_port: int = 0
+) -> DemoNode:
+    """The simulated node, its runtime, and the agent configuration for it under ``workdir``."""
+    sim = node_.build_node(workdir / "node", gpus=(0,), openable_devices=True)
+    runc, detail = choose_runtime()
     env = {
-        **os.environ,
         "NVIDIA_CTK_STANDIN_SYSTEM_ROOT": str(sim.root),
         toolkit.ENV_DRIVER_ROOT: str(sim.driver_root),
     }
-    config = toolkit.ToolkitConfig.from_env(
-        env, output_dir=workdir / "cdi", toolkit_dir=sim.toolkit_dir, timeout=60
+    config = AgentConfig(
+        event_log=workdir / "events.jsonl",
+        metrics_host=metrics_host,
+        metrics_port=metrics_port,
+        runsc=str(node_.install_runsc_standin(sim.toolkit_dir)),
+        runsc_root=workdir / "runsc-root",
+        driver_root=sim.driver_root,
+        toolkit_dir=sim.toolkit_dir,
+        cdi_output_dir=workdir / "cdi",
+        dev_root=sim.root,
+        checkpoint_root=workdir / "checkpoints",
+        drain_timeout=10.0,
+        extra_env=tuple(env.items()),
     )
-    spec = anyio.run(toolkit.CdiSpecGenerator(config).ensure_spec)
-    edits = cdi.edits_for_all(spec)
+    generation = toolkit.ToolkitConfig.from_env(
+        {**os.environ, **env}, output_dir=config.cdi_output_dir, toolkit_dir=sim.toolkit_dir
+    )
+    injector = WorkerGpuInjector(
+        generator=toolkit.CdiSpecGenerator(generation),
+        options=bundle_.InjectionOptions(
+            driver_root=str(sim.driver_root), dev_root=sim.root, toolkit_dir=sim.toolkit_dir
+        ),
+    )
+    runtime: runsc.SandboxRuntime
+    probe: CudaContextProbe
+    if runc is not None:
+        config.runsc_root.mkdir(parents=True, exist_ok=True)
+        runtime = driver.RunscDriver(
+            driver.RunscConfig(
+                root=config.runsc_root,
+                runsc=config.runsc,
+                timeouts=driver.Timeouts(
+                    create=30, start=15, checkpoint=30, restore=30, state=10, delete=20
+                ),
+            )
+        )
+        probe = FdScanProbe()
+        kind = "runc"
+    else:
+        simulated = SimulatedSandboxes()
+        runtime, probe, kind = simulated, simulated, "simulated"
+    return DemoNode(
+        node=sim,
+        components=Components(runtime=runtime, probe=probe, injector=injector),
+        runtime=kind,
+        runtime_detail=detail,
+        config=config,
+    )
+
+
+def actor_bundle(directory: Path, *, holds_gpu: bool) -> Path:
+    """A busybox bundle (or, without busybox, a bare one for the simulated runtime)."""
+    script = HOLDING_WORKLOAD if holds_gpu else IDLE_WORKLOAD
+    annotations = {HOLDS_GPU_UNTIL: RELEASE_FILE} if holds_gpu else None
+    try:
+        return bundles.make_bundle(
+            directory, ["sh", "-c", script], env=["PATH=/bin"], annotations=annotations
+        )
+    except exceptions.ConfigError:
+        # No busybox: only the simulated runtime runs here, and it reads just the config.
+        (directory / "rootfs" / "tmp").mkdir(parents=True, exist_ok=True)
+        config = bundles.runc_spec()
+        config["annotations"] = dict(annotations or {})
+        (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        return directory
+
+
+# --- the scripted lives ---------------------------------------------------------------------
+
+
+class Script:
+    """Submits events through the agent's service, as a client would (acks checked)."""
+
+    def __init__(
+        self,
+        service: AgentService,
+        components: Components,
+        *,
+        lib64: Path | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self.service = service
+        self.agent: Agent = service.agent
+        self._components = components
+        self._lib64 = lib64
+        self._say = say
+
+    async def send(self, event: events.Event) -> dict[str, object]:
+        """Submit; the parsed acknowledgement (an error response raises)."""
+        response: dict[str, object] = json.loads(await self.service.submit(event))
+        if response.get("ok") is not True:
+            raise exceptions.SubstrateGpuError(
+                f"while running the demo: the agent refused {event.type} for "
+                f"{event.actor_id}: {response.get('error')}"
+            )
+        return response
+
+    async def show_actor_view(self, actor_id: str) -> None:
+        """Print what the actor sees inside its sandbox (``runsc exec``; runc runtime only)."""
+        runtime = self._components.runtime
+        if self._say is None or self._lib64 is None or not isinstance(runtime, driver.RunscDriver):
+            return
+        script = ACTOR_VIEW.format(lib64=self._lib64)
+        try:
+            result = await runtime.exec(actor_id, ["sh", "-c", script], timeout=15)
+        except runsc.RunscError as e:
+            self._say(f"  (could not look inside {actor_id}: {e})")
+            return
+        self._say(f"  inside {actor_id}'s sandbox (runsc exec):")
+        for line in (result.stdout + result.stderr).splitlines():
+            self._say(f"    {line}")
+
+    async def live_clients(self, actor_id: str) -> tuple[GpuClient, ...]:
+        """What the probe sees in the actor's sandbox now."""
+        try:
+            state = await self._components.runtime.state(actor_id)
+        except runsc.RunscError:
+            return ()
+        return await self._components.probe.live_clients((state.pid,)) if state.pid else ()
+
+    async def until(self, predicate: Callable[[], Awaitable[bool]], what: str) -> None:
+        """Poll ``predicate`` until true (a clear error after :data:`WAIT_S`)."""
+        with anyio.move_on_after(WAIT_S):
+            while not await predicate():
+                await anyio.sleep(0.05)
+            return
+        raise exceptions.SubstrateGpuError(f"while running the demo: gave up waiting for {what}")
+
+    async def state(self, actor_id: str, state: str) -> None:
+        await self.agent.wait_for_state(actor_id, state, timeout=WAIT_S)
+
+    async def start(self, actor_id: str, bundle: Path, *, gpu: bool) -> None:
+        await self.send(events.ActorRegistered(actor_id=actor_id, gpu=gpu, bundle=str(bundle)))
+        await self.send(events.BundlePrepared(actor_id=actor_id, bundle=str(bundle)))
+        await self.send(events.RunRequested(actor_id=actor_id))
+        await self.state(actor_id, "running")
+
+    async def suspend(self, actor_id: str) -> str:
+        """Ask for a suspend; the state it settles in (``running`` when refused)."""
+        await self.send(events.SuspendRequested(actor_id=actor_id))
+        await self.until(
+            lambda: _settled(self.agent, actor_id), f"{actor_id}'s checkpoint to finish"
+        )
+        return self.agent.state_of(actor_id) or "unknown"
+
+    async def restore_and_delete(self, actor_id: str) -> None:
+        await self.send(events.RestoreRequested(actor_id=actor_id))
+        await self.state(actor_id, "running")
+        await self.send(events.DeleteRequested(actor_id=actor_id))
+        await self.state(actor_id, "deleted")
+
+
+async def _settled(agent: Agent, actor_id: str) -> bool:
+    """The actor rests: no effect in flight (probing, checkpointing, ... are in flight)."""
+    return agent.state_of(actor_id) not in agent.spec.effects
+
+
+async def gpu_trainer(script: Script, bundle: Path) -> None:
+    """Suspend refused while the CUDA context is live; accepted after it closes."""
+    actor = bundle.name
+    await script.start(actor, bundle, gpu=True)
+    await script.until(
+        lambda: _truthy(script.live_clients(actor)), f"{actor}'s workload to open /dev/nvidia0"
+    )
+    refused = await script.suspend(actor)
+    if refused != "running":
+        raise exceptions.SubstrateGpuError(
+            f"while running the demo: {actor}'s suspend with a live context ended {refused!r}"
+        )
+    (bundle / "rootfs" / RELEASE_FILE.lstrip("/")).touch()
+    await script.until(
+        lambda: _falsy(script.live_clients(actor)), f"{actor}'s workload to close /dev/nvidia0"
+    )
+    if await script.suspend(actor) != "suspended":
+        raise exceptions.SubstrateGpuError(
+            f"while running the demo: {actor}'s suspend after the context closed was not accepted"
+        )
+    await script.restore_and_delete(actor)
+
+
+async def between_workloads(script: Script, bundle: Path, *, gpu: bool) -> None:
+    """Run, suspend (no context: accepted), restore, delete."""
+    actor = bundle.name
+    await script.start(actor, bundle, gpu=gpu)
+    if gpu:
+        await script.show_actor_view(actor)
+    if await script.suspend(actor) != "suspended":
+        raise exceptions.SubstrateGpuError(f"while running the demo: {actor} did not suspend")
+    await script.restore_and_delete(actor)
+
+
+async def _truthy(value: Awaitable[tuple[GpuClient, ...]]) -> bool:
+    return bool(await value)
+
+
+async def _falsy(value: Awaitable[tuple[GpuClient, ...]]) -> bool:
+    return not await value
+
+
+#: The demo's actors (ids get a ``-<round>`` suffix in ``agent --demo``'s loop).
+ACTORS: Final = ("gpu-trainer", "gpu-notebook", "cpu-sandbox")
+
+
+async def run_lives(script: Script, bundles_dir: Path, suffix: str = "") -> None:
+    """The three demo actors' lives, concurrently."""
+    trainer = actor_bundle(bundles_dir / f"gpu-trainer{suffix}", holds_gpu=True)
+    notebook = actor_bundle(bundles_dir / f"gpu-notebook{suffix}", holds_gpu=False)
+    sandbox = actor_bundle(bundles_dir / f"cpu-sandbox{suffix}", holds_gpu=False)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(gpu_trainer, script, trainer)
+        tg.start_soon(lambda: between_workloads(script, notebook, gpu=True))
+        tg.start_soon(lambda: between_workloads(script, sandbox, gpu=False))
+
+
+# --- printing ---------------------------------------------------------------------------------
+
+
+def describe(t: Transition, started: float) -> str:
+    """One transition as a line of the demo's output."""
+    arrow = f"{t.source} -> {t.dest}" if t.source != t.dest else f"{t.source} (stays)"
+    reason = (t.reason or "").splitlines()[0] if t.reason else ""
+    if len(reason) > 140:
+        reason = reason[:139] + "…"
+    why = f"  [{reason}]" if reason else ""
+    return f"  {time.monotonic() - started:6.2f}s  {t.actor_id:<13} {arrow:<30} {t.trigger}{why}"
+
+
+def replayed_states(path: Path) -> dict[str, str]:
+    """Each actor's final state, rebuilt from the event log alone."""
+    result = eventlog.replay(path)
+    return {actor_id: view.state for actor_id, view in result.actors.items()}
+
+
+async def run_demo_async(workdir: Path, out: TextIO, keep_log_as: Path | None = None) -> DemoResult:
+    """Build the node, run the lives through the agent, replay the log.
+
+    ``keep_log_as``: copy the event log there (outside a workdir about to be removed)."""
+    print(f"simulated GPU node in {workdir}", file=out)
+    demo = build_demo_node(workdir)
+    sim = demo.node
+    kind = "mknod char devices" if sim.real_device_nodes else "links to /dev/null (not root)"
     print(
-        f"generated {config.spec_path} with nvidia-ctk (stand-in): "
-        f"{len(spec.devices)} devices, {len(edits.mounts)} mounts",
+        f"  GPU {sim.gpus[0]} (driver {sim.driver_version}), device nodes: {kind}; "
+        f"toolkit stand-in: nvidia-ctk 1.20 shape",
         file=out,
     )
-    runc, runtime = _runc_usable()
-    print(f"runtime: {runtime if runc else 'none (' + runtime + ')'}", file=out)
-    cache = SonameCache()
-    options = bundle_.InjectionOptions(
-        driver_root=str(sim.driver_root), dev_root=sim.root, toolkit_dir=sim.toolkit_dir
+    print(f"runtime: {demo.runtime_detail}", file=out)
+    print(f"event log: {demo.config.event_log}", file=out)
+    started = time.monotonic()
+    seen: list[Transition] = []
+    async with running_agent(demo.config, demo.components) as running:
+        agent = running.service.agent
+        async with agent.subscribe(buffer=10_000) as transitions, anyio.create_task_group() as tg:
+
+            async def show() -> None:
+                async for t in transitions:
+                    seen.append(t)
+                    print(describe(t, started), file=out, flush=True)
+
+            tg.start_soon(show)
+            script = Script(
+                running.service,
+                demo.components,
+                lib64=sim.lib64,
+                say=lambda line: print(line, file=out, flush=True),
+            )
+            await run_lives(script, workdir / "bundles")
+            await agent.settle()
+            tg.cancel_scope.cancel()
+        final = {a: agent.state_of(a) or "unknown" for a in ACTORS}
+    assert demo.config.event_log is not None
+    event_log = demo.config.event_log
+    if keep_log_as is not None:
+        shutil.copyfile(event_log, keep_log_as)
+        event_log = keep_log_as
+    replayed = replayed_states(event_log)
+    refusals = tuple(t for t in seen if t.trigger == "checkpoint_refused" and t.dest == "running")
+    same = all(replayed.get(a) == s for a, s in final.items())
+    print(f"final states: {', '.join(f'{a}={s}' for a, s in sorted(final.items()))}", file=out)
+    print(
+        "replayed the event log: "
+        + ("same final states" if same else f"DIFFERENT final states: {replayed}"),
+        file=out,
     )
-    for index in range(actors):
-        name = f"actor-{index}"
-        bundle = bundles.make_bundle(
-            workdir / "bundles" / name,
-            ["sh", "-c", ACTOR_VIEW],
-            env=[
-                "PATH=/bin",
-                "NVIDIA_VISIBLE_DEVICES=all",
-                "LD_LIBRARY_PATH=/opt/app/lib",
-                f"LIBDIR={sim.lib64}",
-            ],
-        )
-        report = bundle_.inject_gpu(bundle, edits, options=options, soname_cache=cache)
-        links = report.links
-        print(
-            f"{name}: {report.outcome} in {report.seconds * 1000:.2f} ms — "
-            f"{len(report.devices)} devices, {report.mounts} mounts, "
-            f"hooks kept {list(report.hooks_kept)}, skipped {list(report.hooks_skipped)}, "
-            f"{len(links.created) if links else 0} SONAME links",
-            file=out,
-        )
-        again = bundle_.inject_gpu(bundle, edits, options=options, soname_cache=cache)
-        print(f"{name}: second injection: {again.outcome}", file=out)
-        if runc:
-            container_id = f"substrate-gpu-demo-{uuid.uuid4().hex[:8]}"
-            state_root = workdir / "runc-state"
-            result = subprocess.run(
-                [runc, "--root", str(state_root), "run", "--bundle", str(bundle), container_id],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-            subprocess.run(
-                [runc, "--root", str(state_root), "delete", "--force", container_id],
-                capture_output=True,
-                check=False,
-            )
-            print(f"{name}: inside runc container {container_id}:", file=out)
-            out.write(result.stdout)
-            if result.returncode != 0:
-                print(f"  runc failed ({result.returncode}): {result.stderr.strip()}", file=out)
-    return DemoResult(workdir=workdir, runtime="runc" if runc else "none", injected=actors)
+    print(f"event log: {event_log}", file=out)
+    print(f"every actor's timeline: substrate-gpu replay {event_log}", file=out)
+    return DemoResult(
+        workdir=workdir,
+        runtime=demo.runtime,
+        event_log=event_log,
+        final_states=final,
+        replayed_states=replayed,
+        refusals=refusals,
+        transitions=tuple(seen),
+    )
 
 
 def main(workdir: Path | None, out: TextIO) -> DemoResult:
-    """Run in ``workdir`` (kept) or a temporary directory (removed afterwards)."""
+    """Run in ``workdir`` (everything kept) or a temporary directory (removed afterwards,
+    except the event log, copied next to it so ``replay`` can read it)."""
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
-        return run_demo(workdir, out)
+        workdir = workdir.resolve()
+        try:
+            return anyio.run(run_demo_async, workdir, out)
+        finally:
+            cleanup_containers(workdir)
     with tempfile.TemporaryDirectory(prefix="substrate-gpu-demo-") as tmp:
-        return run_demo(Path(tmp), out)
+        fd, kept = tempfile.mkstemp(prefix="substrate-gpu-demo-", suffix=".events.jsonl")
+        os.close(fd)
+        try:
+            return anyio.run(run_demo_async, Path(tmp), out, Path(kept))
+        finally:
+            cleanup_containers(Path(tmp))
+
+
+def cleanup_containers(workdir: Path) -> None:
+    """Force-delete any runc container the demo left behind (after a failure)."""
+    runc = shutil.which("runc")
+    root = workdir / "runsc-root"
+    if runc is None or not root.is_dir():
+        return
+    for entry in root.iterdir():
+        if entry.is_dir():
+            subprocess.run(
+                [runc, "--root", str(root), "delete", "--force", entry.name],
+                capture_output=True,
+                check=False,
+            )
+
+
+# --- agent --demo: the same lives, in a loop ------------------------------------------------
+
+
+async def workload_forever(
+    service: AgentService, components: Components, bundles_dir: Path, pause: float = 2.0
+) -> None:
+    """``agent --demo``'s workload: the demo's lives, round after round, until cancelled."""
+    script = Script(service, components)
+    round_ = 0
+    while True:
+        round_ += 1
+        try:
+            await run_lives(script, bundles_dir, f"-{round_}")
+        except exceptions.SubstrateGpuError as e:
+            log.warning("demo round failed", round=round_, error=str(e))
+        await anyio.sleep(pause)

@@ -7,23 +7,26 @@ import sys
 from pathlib import Path
 
 from substrate_gpu import demo
-from substrate_gpu.cli._exitcodes import EXIT_OK
+from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_OK
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``demo``."""
     parser = subparsers.add_parser(
-        "demo", help="run a simulated GPU node end to end (real runc when root)"
+        "demo",
+        help="a simulated GPU node: actors through their whole life via the agent "
+        "(real runc when root), leaving a replayable event log",
     )
     parser.add_argument(
         "--workdir",
         type=Path,
-        help="keep everything under this directory (default: a temporary one, removed)",
+        help="keep everything under this directory (default: a temporary one, removed; "
+        "the event log is kept next to it)",
     )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Handler of ``demo``."""
-    demo.main(args.workdir, sys.stdout)
-    return EXIT_OK
+    """Handler of ``demo``: exit 1 if the replayed log disagrees with the live states."""
+    result = demo.main(args.workdir, sys.stdout)
+    return EXIT_OK if dict(result.replayed_states) == dict(result.final_states) else EXIT_FAILED

@@ -5,8 +5,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from substrate_gpu.cli import _demo, _inject, _pool
+from substrate_gpu.cli import _agent, _demo, _inject, _pool, _replay
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
-REGISTRARS: list[Registrar] = [_demo.register, _inject.register, _pool.register]
+REGISTRARS: list[Registrar] = [
+    _agent.register,
+    _demo.register,
+    _inject.register,
+    _pool.register,
+    _replay.register,
+]

@@ -21,7 +21,7 @@ transitions can never merge them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -38,12 +38,15 @@ class Actor:
         "actor_id",
         "bundle",
         "checkpoint",
+        "cuda_pids",
         "exited",
         "gpu",
         "live_contexts",
         "reason",
         "sandbox",
         "state",
+        "suspend_policy",
+        "suspend_route",
     )
 
     def __init__(self, actor_id: str, state: str) -> None:
@@ -65,6 +68,12 @@ class Actor:
         """Why the actor is failed/stopped, or the last refusal."""
         self.exited = False
         """The sandbox was reported exited while an effect was in flight."""
+        self.suspend_policy = "auto"
+        """The pool's GPU suspend policy (``auto`` or ``refuse``)."""
+        self.suspend_route = ""
+        """How the current (or last) suspend handles a live CUDA context, or empty."""
+        self.cuda_pids = ""
+        """Sandbox pids whose CUDA state the exec route checkpointed, comma-separated."""
 
     def snapshot(self) -> ActorView:
         """An immutable copy, handed to effects and callers."""
@@ -78,6 +87,9 @@ class Actor:
             sandbox=self.sandbox,
             reason=self.reason,
             exited=self.exited,
+            suspend_policy=self.suspend_policy,
+            suspend_route=self.suspend_route,
+            cuda_pids=self.cuda_pids,
         )
 
     def __repr__(self) -> str:
@@ -97,11 +109,25 @@ class ActorView:
     sandbox: bool
     reason: str | None
     exited: bool = False
+    suspend_policy: str = "auto"
+    suspend_route: str = ""
+    cuda_pids: str = ""
 
 
 #: Condition names the YAML may use (methods of :class:`Cursor` returning bool).
 CONDITIONS = frozenset(
-    {"is_gpu", "has_live_context", "sandbox_survived", "has_checkpoint", "has_exited"}
+    {
+        "is_gpu",
+        "has_live_context",
+        "sandbox_survived",
+        "has_checkpoint",
+        "has_exited",
+        "refuses_gpu_suspend",
+        "route_is_runsc",
+        "route_is_exec",
+        "suspended_cuda_in_sandbox",
+        "image_has_exec_cuda_state",
+    }
 )
 
 #: Callback names the YAML may use (methods of :class:`Cursor` returning None).
@@ -123,6 +149,12 @@ CALLBACKS = frozenset(
         "note_exit",
         "clear_exit",
         "report_exit",
+        "refuse_by_policy",
+        "remember_route",
+        "forget_route",
+        "remember_cuda_pids",
+        "forget_cuda_pids",
+        "note_code_refusal",
     }
 )
 
@@ -146,6 +178,9 @@ class Cursor:
         self.sandbox = False
         self.reason: str | None = None
         self.exited = False
+        self.suspend_policy = "auto"
+        self.suspend_route = ""
+        self.cuda_pids = ""
         self.refusal: str | None = None
         self.transition_reason: str | None = None
 
@@ -187,6 +222,27 @@ class Cursor:
         """A checkpoint to restore is known (the event's, or the actor's last good one)."""
         return bool(getattr(self.event, "image_path", None) or self.checkpoint)
 
+    def refuses_gpu_suspend(self) -> bool:
+        """The pool's GPU suspend policy is ``refuse``."""
+        return self.suspend_policy == "refuse"
+
+    def route_is_runsc(self) -> bool:
+        """The live context is suspended by runsc itself (``--cuda-checkpoint-path``)."""
+        return getattr(self.event, "route", None) == events.ROUTE_RUNSC
+
+    def route_is_exec(self) -> bool:
+        """The live context is suspended by cuda-checkpoint exec'd in the sandbox."""
+        return getattr(self.event, "route", None) == events.ROUTE_EXEC
+
+    def suspended_cuda_in_sandbox(self) -> bool:
+        """This suspend checkpointed CUDA processes through the sandbox (exec route): a
+        failed checkpoint must resume them."""
+        return self.suspend_route == events.ROUTE_EXEC
+
+    def image_has_exec_cuda_state(self) -> bool:
+        """The restored image holds CUDA state checkpointed through the sandbox."""
+        return getattr(self.event, "cuda_route", "") == events.ROUTE_EXEC
+
     # --- callbacks -------------------------------------------------------------------------
 
     def remember_registration(self) -> None:
@@ -195,6 +251,7 @@ class Cursor:
         assert isinstance(event, events.ActorRegistered)
         self.gpu = event.gpu
         self.bundle = event.bundle
+        self.suspend_policy = event.suspend_policy
 
     def remember_bundle(self) -> None:
         """Take the (re-)prepared bundle directory."""
@@ -253,10 +310,46 @@ class Cursor:
         self.refusal = events.REFUSED_LIVE_CONTEXT_OBSERVED
 
     def note_refusal(self) -> None:
-        """The effect refused the checkpoint (probe or runtime): count it by reason."""
+        """The effect refused the checkpoint (probe, runtime, or a rolled-back CUDA suspend):
+        count it by reason."""
         event = self.event
-        assert isinstance(event, events.CheckpointRefused)
+        assert isinstance(event, events.CheckpointRefused | events.CudaSuspendRefused)
         self.refusal = event.reason
+
+    def note_code_refusal(self) -> None:
+        """A preflight or restore check refused: count it by its code."""
+        event = self.event
+        assert isinstance(event, events.PreflightRefused | events.RestoreRefused)
+        self.refusal = event.code
+
+    def refuse_by_policy(self) -> None:
+        """Suspend refused by the machine: contexts are observed open and the pool refuses."""
+        self.reason = (
+            f"suspend refused: {self.live_contexts} live CUDA context(s) observed and the "
+            "pool's GPU suspend policy is 'refuse'"
+        )
+        self.transition_reason = self.reason
+        self.refusal = events.REFUSED_SUSPEND_POLICY
+
+    def remember_route(self) -> None:
+        """The route this suspend takes for its live CUDA context."""
+        event = self.event
+        assert isinstance(event, events.LiveContextFound)
+        self.suspend_route = event.route
+
+    def forget_route(self) -> None:
+        """A new suspend starts: no route chosen yet."""
+        self.suspend_route = ""
+
+    def remember_cuda_pids(self) -> None:
+        """The sandbox pids whose CUDA state was checkpointed (to resume them later)."""
+        event = self.event
+        assert isinstance(event, events.CudaSuspended | events.CudaSuspendFailed)
+        self.cuda_pids = event.pids
+
+    def forget_cuda_pids(self) -> None:
+        """No CUDA process of the sandbox is left checkpointed."""
+        self.cuda_pids = ""
 
     def remember_checkpoint(self) -> None:
         """The new checkpoint is the actor's last good one."""
@@ -353,6 +446,16 @@ class ActorTable:
         for name in Actor.__slots__:
             setattr(actor, name, getattr(view, name))
         self._counts[actor.state] += 1
+
+    def resume(self, views: Iterable[ActorView], last_seq: int) -> None:
+        """Load recovered actors (:meth:`put` each) and number new events after ``last_seq``.
+
+        Used when an agent restarts on an existing event log: the log's last sequence number
+        must never be reused, so the next accepted event gets ``last_seq + 1``.
+        """
+        for view in views:
+            self.put(view)
+        self._seq = max(self._seq, last_seq)
 
     def check(self, event: events.Event) -> None:
         """Raise :class:`InvalidEvent` if ``event`` cannot be accepted now (no change)."""

@@ -15,6 +15,12 @@ transitions instead of silently seeing a gap. (The event log is the lossless rec
 
 Leaving the ``async with`` cancels effects still running (actors stay in their in-flight
 state, for recovery to reconcile); ``await agent.settle()`` first to let them finish.
+
+**Restarting on an event log**: pass ``resume=`` a :class:`ResumePoint` (built by
+``substrate_gpu.eventlog.recover``): the agent starts with the logged actors, numbers new
+events after the log's last one, and on entering accepts the reconciliation outcomes (logged
+and observed like any event, their follow-up effects started) and reruns the effects
+recovery judged safe to rerun.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import collections
 import contextlib
 import math
 from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
@@ -30,8 +37,23 @@ from typing import Literal, Self
 import anyio
 
 from substrate_gpu.lifecycle import actors, effects, errors, events, hooks, machine, pipeline
+from substrate_gpu.lifecycle.gpu import GpuSettings
 from substrate_gpu.probes.api import CudaContextProbe
 from substrate_gpu.runsc.api import SandboxRuntime
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a restarted agent resumes: the logged actors and what recovery decided."""
+
+    actors: tuple[actors.ActorView, ...]
+    """Every actor as the event log left it (before reconciliation)."""
+    last_seq: int
+    """The log's last sequence number: new events are numbered after it."""
+    outcomes: tuple[events.Event, ...] = ()
+    """Outcomes of interrupted effects, established by asking the runtime (unstamped)."""
+    rerun: tuple[tuple[str, events.Event], ...] = ()
+    """``(actor_id, cause)``: in-flight actors whose effect is safe to run again."""
 
 
 class Subscription:
@@ -96,10 +118,14 @@ class Agent:
         timeouts: Mapping[str, float] | None = None,
         queue_size: int = 1024,
         concurrency: int = 64,
+        resume: ResumePoint | None = None,
+        gpu: GpuSettings | None = None,
     ) -> None:
         """``timeouts`` overrides :data:`effects.DEFAULT_TIMEOUTS` per effect name;
         ``queue_size`` bounds effects queued or running (``submit`` waits beyond it);
-        ``concurrency`` is how many effects run at once."""
+        ``concurrency`` is how many effects run at once; ``resume`` restarts from an
+        event log (see the module doc); ``gpu`` turns on driver preflight, checkpoint
+        manifests and the CUDA suspend routes (:mod:`substrate_gpu.lifecycle.gpu`)."""
         if isinstance(machine_spec, machine.MachineSpec):
             spec = machine_spec
         else:
@@ -110,10 +136,17 @@ class Agent:
             else machine.TableEngine(spec)
         )
         self._table = actors.ActorTable(spec, eng)
+        self._resume = resume
+        if resume is not None:
+            self._table.resume(resume.actors, resume.last_seq)
         self._pipeline = pipeline.Pipeline(
             self._table,
             effects.EffectContext(
-                runtime=runtime, probe=probe, injector=injector, checkpoint_root=checkpoint_root
+                runtime=runtime,
+                probe=probe,
+                injector=injector,
+                checkpoint_root=checkpoint_root,
+                gpu=gpu,
             ),
             timeouts=timeouts,
             recorder=recorder,
@@ -132,6 +165,12 @@ class Agent:
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)
             await tg.start(self._pipeline.serve)
+            resume, self._resume = self._resume, None
+            if resume is not None:
+                for outcome in resume.outcomes:
+                    await self._pipeline.reconcile(outcome)
+                for actor_id, cause in resume.rerun:
+                    await self._pipeline.rerun(actor_id, cause)
             self._stack = stack.pop_all()
         return self
 

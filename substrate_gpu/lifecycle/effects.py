@@ -11,11 +11,23 @@ Decisions worth knowing:
 
 - The container id is the actor id; GPU actors get ``nvproxy=True`` on **create and
   restore** (brief §4: the pause container needs it too), never on start or checkpoint.
+- A GPU actor's suspend starts with ``probe``: live CUDA clients (found by the probe, or
+  observed by the node agent) with a route to suspend them give ``live_context_found``
+  (the machine picks the next state from its route); without a route, ``checkpoint_refused``
+  (a refusal, not an attempt); none, ``no_live_context``.
 - Checkpoint asks ``runtime.features()`` and passes ``leave_running=True`` when supported,
-  so a failed checkpoint does not kill the sandbox. Before it, GPU actors are probed for
-  live CUDA clients (a refusal, not an attempt). If runsc still reports live nvproxy clients
-  (the probe raced a new context) the outcome is ``checkpoint_refused`` and whether the
-  sandbox survived is *asked of the runtime*, not assumed.
+  so a failed checkpoint does not kill the sandbox; on runsc's route it passes
+  ``--cuda-checkpoint-path``. If runsc still reports live nvproxy clients (the probe raced
+  a new context) the outcome is ``checkpoint_refused`` and whether the sandbox survived is
+  *asked of the runtime*, not assumed. A good GPU checkpoint gets its manifest (driver, GPU
+  count, whether CUDA state is inside) when the node has :class:`GpuSettings`.
+- ``cuda_suspend``/``cuda_resume`` (the exec route) lock and checkpoint every CUDA process
+  through the sandbox, all or nothing, and bring them back (``cudackpt.suspend``). A lock
+  that times out is a refusal (everything was rolled back); a rollback that strands a
+  process is a failure, which the machine follows with a resume.
+- With :class:`GpuSettings`, ``create`` and ``restore`` of a GPU sandbox run the driver
+  preflight first (``preflight_refused`` / ``restore_refused``: no sandbox was made), and
+  ``restore`` checks the image's manifest against this node.
 - Each checkpoint goes to a fresh directory ``<checkpoint_root>/<actor>/<seq>``: a failed
   attempt never overwrites the last good image the actor can be recovered from.
 - A successful checkpoint is followed by ``delete --force`` (``--leave-running`` resumed the
@@ -25,22 +37,26 @@ Decisions worth knowing:
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from substrate_gpu import exceptions
+from substrate_gpu import cudackpt, exceptions, preflight
 from substrate_gpu.lifecycle import events
 from substrate_gpu.lifecycle.actors import ActorView
+from substrate_gpu.lifecycle.gpu import GpuSettings
 from substrate_gpu.probes.api import CudaContextProbe
 from substrate_gpu.runsc import api as runsc
+
+_log = logging.getLogger(__name__)
 
 #: The outcome event types each effect can produce (the loader checks the effect's state
 #: accepts every one of them). ``effect_timed_out`` comes from the pipeline's timeout.
 OUTCOMES: Mapping[str, tuple[str, ...]] = {
     "inject": ("gpu_injected", "injection_failed", "effect_timed_out"),
-    "create": ("sandbox_created", "effect_failed", "effect_timed_out"),
+    "create": ("sandbox_created", "effect_failed", "preflight_refused", "effect_timed_out"),
     "start": ("sandbox_started", "effect_failed", "effect_timed_out"),
     "checkpoint": (
         "checkpoint_written",
@@ -48,8 +64,22 @@ OUTCOMES: Mapping[str, tuple[str, ...]] = {
         "checkpoint_failed",
         "effect_timed_out",
     ),
-    "restore": ("restored", "restore_failed", "effect_timed_out"),
+    "restore": ("restored", "restore_failed", "restore_refused", "effect_timed_out"),
     "delete": ("deleted", "effect_failed", "effect_timed_out"),
+    "probe": (
+        "no_live_context",
+        "live_context_found",
+        "checkpoint_refused",
+        "checkpoint_failed",
+        "effect_timed_out",
+    ),
+    "cuda_suspend": (
+        "cuda_suspended",
+        "cuda_suspend_refused",
+        "cuda_suspend_failed",
+        "effect_timed_out",
+    ),
+    "cuda_resume": ("cuda_resumed", "cuda_resume_failed", "effect_timed_out"),
 }
 
 #: Default timeout per effect, seconds. Injection is local file work; runsc checkpoint and
@@ -61,6 +91,9 @@ DEFAULT_TIMEOUTS: Mapping[str, float] = {
     "checkpoint": 600.0,
     "restore": 600.0,
     "delete": 60.0,
+    "probe": 60.0,
+    "cuda_suspend": 600.0,
+    "cuda_resume": 600.0,
 }
 
 
@@ -84,6 +117,8 @@ class EffectContext:
     """Injects GPUs into a bundle."""
     checkpoint_root: Path
     """Checkpoint images go to ``<checkpoint_root>/<actor>/<seq>``."""
+    gpu: GpuSettings | None = None
+    """Driver preflight, manifests and CUDA suspend routes; None: upstream behaviour."""
 
 
 Effect = Callable[[EffectContext, ActorView, events.Event], Awaitable[events.Event]]
@@ -109,7 +144,21 @@ async def inject(ctx: EffectContext, actor: ActorView, event: events.Event) -> e
 
 
 async def create(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
-    """``runsc [--nvproxy] create``, after deleting a leftover container of the actor."""
+    """Driver preflight (GPU actors, when configured), then ``runsc [--nvproxy] create``,
+    after deleting a leftover container of the actor."""
+    if actor.gpu and ctx.gpu is not None:
+        try:
+            facts = await ctx.gpu.check_host()
+        except exceptions.SubstrateGpuError as e:
+            return events.EffectFailed(
+                actor_id=actor.actor_id,
+                effect="create",
+                message=f"while checking the NVIDIA driver before create: {_message(e)}",
+            )
+        if isinstance(facts, preflight.Refusal):
+            return events.PreflightRefused(
+                actor_id=actor.actor_id, code=facts.code, message=facts.reason
+            )
     if actor.sandbox:
         await _delete_quietly(ctx, actor.actor_id)
     try:
@@ -137,32 +186,99 @@ async def _sandbox_runs(ctx: EffectContext, actor_id: str) -> bool:
     return state.status in {"running", "paused"}
 
 
-async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
-    """Probe for live CUDA clients (GPU actors), then checkpoint and stop the sandbox."""
+async def probe(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
+    """Look for live CUDA clients of a GPU actor's sandbox and choose how to suspend it."""
     actor_id = actor.actor_id
-    if actor.gpu:
-        try:
-            state = await ctx.runtime.state(actor_id)
-            clients = await ctx.probe.live_clients((state.pid,)) if state.pid else ()
-        except exceptions.SubstrateGpuError as e:
-            return events.CheckpointFailed(
-                actor_id=actor_id,
-                message=f"while probing for live CUDA contexts: {_message(e)}",
-                sandbox_survived=await _sandbox_runs(ctx, actor_id),
-            )
-        if clients:
-            first = clients[0]
-            return events.CheckpointRefused(
-                actor_id=actor_id,
-                reason=events.REFUSED_LIVE_CONTEXT_PROBED,
-                sandbox_survived=True,
-                message=f"{len(clients)} live GPU handle(s), e.g. {first.target} "
-                f"held by pid {first.pid} (fd {first.fd})",
-            )
+    try:
+        state = await ctx.runtime.state(actor_id)
+        clients = await ctx.probe.live_clients((state.pid,)) if state.pid else ()
+    except exceptions.SubstrateGpuError as e:
+        return events.CheckpointFailed(
+            actor_id=actor_id,
+            message=f"while probing for live CUDA contexts: {_message(e)}",
+            sandbox_survived=await _sandbox_runs(ctx, actor_id),
+        )
+    if not clients and actor.live_contexts == 0:
+        return events.NoLiveContext(actor_id=actor_id)
+    if clients:
+        first = clients[0]
+        found = (
+            f"{len(clients)} live GPU handle(s), e.g. {first.target} "
+            f"held by pid {first.pid} (fd {first.fd})"
+        )
+    else:
+        found = f"{actor.live_contexts} live CUDA context(s) observed"
+    try:
+        route = await _suspend_route(ctx, actor)
+    except exceptions.SubstrateGpuError as e:
+        return events.CheckpointFailed(
+            actor_id=actor_id,
+            message=f"while choosing how to suspend a live CUDA context: {_message(e)}",
+            sandbox_survived=await _sandbox_runs(ctx, actor_id),
+        )
+    if route.refuses:
+        if actor.suspend_policy == "refuse":
+            reason = events.REFUSED_SUSPEND_POLICY
+        elif clients:
+            reason = events.REFUSED_LIVE_CONTEXT_PROBED
+        else:
+            reason = events.REFUSED_LIVE_CONTEXT_OBSERVED
+        return events.CheckpointRefused(
+            actor_id=actor_id,
+            reason=reason,
+            sandbox_survived=True,
+            message=f"{found}; {route.reason}",
+        )
+    return events.LiveContextFound(
+        actor_id=actor_id, route=route.name, message=f"{found}; {route.reason}"
+    )
+
+
+async def _suspend_route(ctx: EffectContext, actor: ActorView) -> cudackpt.Route:
+    if ctx.gpu is None:
+        # No GPU settings, no cuda-checkpoint to hand to runsc or to run in the sandbox.
+        if actor.suspend_policy == "refuse":
+            return cudackpt.Route("refuse", "the pool's GPU suspend policy is 'refuse'")
+        return cudackpt.Route(
+            "refuse", "this agent has no GPU settings: no cuda-checkpoint route is configured"
+        )
+    features = await ctx.runtime.features()
+    return await ctx.gpu.route(features, actor.actor_id, actor.suspend_policy)
+
+
+def _write_manifest(gpu: GpuSettings, image: Path, route: str) -> None:
+    """The manifest of a good GPU checkpoint (best effort: without it, restore is unchecked
+    and an exec-route image is not resumed; logged)."""
+    facts = gpu.host_facts()
+    if isinstance(facts, preflight.Refusal):
+        _log.warning("checkpoint %s has no manifest: %s", image, facts.reason)
+        return
+    manifest = preflight.CheckpointManifest(
+        driver_version=facts.driver_version,
+        gpu_count=facts.gpu_count,
+        cuda_state_included=bool(route),
+        route=route,
+    )
+    try:
+        preflight.write_manifest(image, manifest)
+    except preflight.PreflightError as e:
+        _log.warning("checkpoint %s has no manifest: %s", image, e)
+
+
+async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
+    """Checkpoint and stop the sandbox (via runsc's cuda-checkpoint on that route)."""
+    actor_id = actor.actor_id
+    cuda_path = (
+        ctx.gpu.cuda_checkpoint_path
+        if ctx.gpu is not None and actor.suspend_route == events.ROUTE_RUNSC
+        else None
+    )
     features = await ctx.runtime.features()
     image = ctx.checkpoint_root / actor_id / str(event.seq)
     try:
-        await ctx.runtime.checkpoint(actor_id, image, leave_running=features.leave_running)
+        await ctx.runtime.checkpoint(
+            actor_id, image, leave_running=features.leave_running, cuda_checkpoint_path=cuda_path
+        )
     except runsc.LiveNvproxyClientsError as e:
         return events.CheckpointRefused(
             actor_id=actor_id,
@@ -183,6 +299,8 @@ async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) 
             message=_message(e),
             sandbox_survived=await _sandbox_runs(ctx, actor_id),
         )
+    if actor.gpu and ctx.gpu is not None:
+        _write_manifest(ctx.gpu, image, actor.suspend_route)
     # The image is good; the sandbox (resumed by --leave-running, or stopped) must go so the
     # id is free for the restore. A failure here leaves a container the next restore deletes.
     await _delete_quietly(ctx, actor_id)
@@ -195,17 +313,131 @@ async def restore(ctx: EffectContext, actor: ActorView, event: events.Event) -> 
     image = actor.checkpoint
     if image is None:  # the machine's has_checkpoint guard makes this unreachable
         return events.RestoreFailed(actor_id=actor_id, message="no checkpoint to restore from")
+    if actor.sandbox:
+        await _delete_quietly(ctx, actor_id)
+    cuda_route = ""
+    if actor.gpu and ctx.gpu is not None:
+        try:
+            checked = await _check_restore(ctx.gpu, actor_id, Path(image))
+        except exceptions.SubstrateGpuError as e:
+            return events.RestoreFailed(
+                actor_id=actor_id, message=f"while checking the node before restore: {_message(e)}"
+            )
+        if isinstance(checked, events.RestoreRefused):
+            return checked
+        cuda_route = checked
     devices = 0
     try:
         if actor.gpu:
             devices = await ctx.injector(Path(actor.bundle))
-        if actor.sandbox:
-            await _delete_quietly(ctx, actor_id)
         await ctx.runtime.restore(actor_id, Path(actor.bundle), Path(image), nvproxy=actor.gpu)
     except exceptions.SubstrateGpuError as e:
         await _delete_quietly(ctx, actor_id)
         return events.RestoreFailed(actor_id=actor_id, message=_message(e))
-    return events.Restored(actor_id=actor_id, image_path=image, devices=devices)
+    return events.Restored(
+        actor_id=actor_id, image_path=image, devices=devices, cuda_route=cuda_route
+    )
+
+
+async def _check_restore(
+    gpu: GpuSettings, actor_id: str, image: Path
+) -> events.RestoreRefused | str:
+    """Driver preflight and the image's manifest against this node: a refusal, or the route
+    that put CUDA state in the image (empty when none)."""
+    facts = await gpu.check_host()
+    if isinstance(facts, preflight.Refusal):
+        return events.RestoreRefused(actor_id=actor_id, code=facts.code, message=facts.reason)
+    manifest = preflight.read_manifest(image)
+    if manifest is None:
+        return ""
+    refusal = preflight.check_restore(manifest, facts)
+    if refusal is not None:
+        return events.RestoreRefused(actor_id=actor_id, code=refusal.code, message=refusal.reason)
+    return manifest.route if manifest.cuda_state_included else ""
+
+
+def _pids(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(",") if p.strip().isdigit())
+
+
+def _join(pids: tuple[int, ...]) -> str:
+    return ",".join(str(p) for p in pids)
+
+
+async def cuda_suspend(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
+    """Lock, then checkpoint, every CUDA process of the sandbox through ``runsc exec``."""
+    actor_id = actor.actor_id
+    tool_factory = ctx.gpu.sandbox_tool if ctx.gpu is not None else None
+    if ctx.gpu is None or tool_factory is None:  # the route needs both: unreachable
+        return events.CudaSuspendRefused(
+            actor_id=actor_id,
+            reason=events.REFUSED_CUDA_SUSPEND,
+            message="no cuda-checkpoint tool is configured for the sandbox",
+        )
+    tool = tool_factory(actor_id)
+    try:
+        pids = await tool.gpu_processes()
+    except exceptions.SubstrateGpuError as e:
+        # Nothing was touched: a refusal while the sandbox runs.
+        message = f"while listing the sandbox's CUDA processes: {_message(e)}"
+        if await _sandbox_runs(ctx, actor_id):
+            return events.CudaSuspendRefused(
+                actor_id=actor_id, reason=events.REFUSED_CUDA_SUSPEND, message=message
+            )
+        return events.CudaSuspendFailed(actor_id=actor_id, message=message)
+    try:
+        outcome = await cudackpt.suspend_processes(
+            tool, pids, lock_timeout_ms=ctx.gpu.lock_timeout_ms
+        )
+    except exceptions.SubstrateGpuError as e:
+        # The runtime failed mid-way (the sandbox went away): resume whatever can be.
+        return events.CudaSuspendFailed(
+            actor_id=actor_id,
+            message=f"while suspending CUDA processes {_join(pids)}: {_message(e)}",
+            pids=_join(pids),
+        )
+    if outcome.suspended:
+        return events.CudaSuspended(actor_id=actor_id, pids=_join(outcome.pids))
+    if outcome.status == "refused":
+        reason = (
+            events.REFUSED_CUDA_LOCK_TIMEOUT
+            if outcome.reason.startswith("lock timeout")
+            else events.REFUSED_CUDA_SUSPEND
+        )
+        return events.CudaSuspendRefused(actor_id=actor_id, reason=reason, message=outcome.reason)
+    return events.CudaSuspendFailed(
+        actor_id=actor_id,
+        message=f"{outcome.reason}; rollback left pid(s) {_join(outcome.stranded)} stranded",
+        pids=_join(outcome.pids),
+    )
+
+
+async def cuda_resume(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
+    """Restore and unlock every CUDA process the suspend checkpointed (safe to repeat)."""
+    actor_id = actor.actor_id
+    tool_factory = ctx.gpu.sandbox_tool if ctx.gpu is not None else None
+    if tool_factory is None:
+        return events.CudaResumeFailed(
+            actor_id=actor_id,
+            message="no cuda-checkpoint tool is configured for the sandbox",
+            sandbox_survived=await _sandbox_runs(ctx, actor_id),
+        )
+    pids = _pids(actor.cuda_pids)
+    try:
+        outcome = await cudackpt.resume_processes(tool_factory(actor_id), pids)
+    except exceptions.SubstrateGpuError as e:
+        return events.CudaResumeFailed(
+            actor_id=actor_id,
+            message=f"while resuming CUDA processes {actor.cuda_pids}: {_message(e)}",
+            sandbox_survived=await _sandbox_runs(ctx, actor_id),
+        )
+    if outcome.ok:
+        return events.CudaResumed(actor_id=actor_id, pids=_join(outcome.resumed))
+    return events.CudaResumeFailed(
+        actor_id=actor_id,
+        message=f"{outcome.reason}; pid(s) {_join(outcome.failed)} not running",
+        sandbox_survived=await _sandbox_runs(ctx, actor_id),
+    )
 
 
 async def delete(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
@@ -230,6 +462,9 @@ EFFECTS: Mapping[str, Effect] = {
     "checkpoint": checkpoint,
     "restore": restore,
     "delete": delete,
+    "probe": probe,
+    "cuda_suspend": cuda_suspend,
+    "cuda_resume": cuda_resume,
 }
 
 
@@ -238,10 +473,15 @@ def failure_outcome(effect: str, actor: ActorView, message: str) -> events.Event
     actor_id = actor.actor_id
     if effect == "inject":
         return events.InjectionFailed(actor_id=actor_id, message=message)
-    if effect == "checkpoint":
+    if effect in {"checkpoint", "probe"}:
         # Unknown whether the sandbox survived: assume not, so the actor is recoverable from
         # its last good checkpoint rather than believed running.
         return events.CheckpointFailed(actor_id=actor_id, message=message, sandbox_survived=False)
     if effect == "restore":
         return events.RestoreFailed(actor_id=actor_id, message=message)
+    if effect == "cuda_suspend":
+        # Resume every process that may have been touched.
+        return events.CudaSuspendFailed(actor_id=actor_id, message=message, pids=actor.cuda_pids)
+    if effect == "cuda_resume":
+        return events.CudaResumeFailed(actor_id=actor_id, message=message, sandbox_survived=False)
     return events.EffectFailed(actor_id=actor_id, effect=effect, message=message)

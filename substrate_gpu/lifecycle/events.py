@@ -33,6 +33,18 @@ REFUSED_LIVE_CONTEXT_OBSERVED = "live_context_observed"
 REFUSED_LIVE_CONTEXT_PROBED = "live_context_probed"
 REFUSED_LIVE_NVPROXY_CLIENTS = "live_nvproxy_clients"
 REFUSED_NOT_RESTORABLE = "nvproxy_not_restorable"
+#: The pool's GPU suspend policy is ``refuse`` and a CUDA context is live.
+REFUSED_SUSPEND_POLICY = "suspend_policy"
+#: The exec route's ``cuda-checkpoint --action lock --timeout`` gave up (process untouched).
+REFUSED_CUDA_LOCK_TIMEOUT = "cuda_lock_timeout"
+#: The exec route's suspend was rolled back for another reason (unsupported, tool missing…).
+REFUSED_CUDA_SUSPEND = "cuda_suspend_refused"
+
+#: The pools' GPU suspend policies (``actor_registered.suspend_policy``).
+SUSPEND_POLICIES = ("auto", "refuse")
+#: Suspend routes for an actor with a live CUDA context (``live_context_found.route``).
+ROUTE_RUNSC = "runsc-cuda-checkpoint"
+ROUTE_EXEC = "exec-cuda-checkpoint"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -186,6 +198,17 @@ class ActorRegistered(Event):
     """The actor's pool requests GPUs: inject them and use nvproxy."""
     bundle: str
     """The OCI bundle directory of the actor's container."""
+    suspend_policy: str = "auto"
+    """The pool's GPU suspend policy: ``auto`` suspends a live CUDA context through the best
+    route the node has (refusing when there is none), ``refuse`` always refuses while a
+    context is live (the upstream behaviour). Optional: older logs read as ``auto``."""
+
+    def __post_init__(self) -> None:
+        if self.suspend_policy not in SUSPEND_POLICIES:
+            raise errors.EventSchemaError(
+                f"actor_registered for {self.actor_id!r}: unknown suspend_policy "
+                f"{self.suspend_policy!r} (expected one of {', '.join(SUSPEND_POLICIES)})"
+            )
 
 
 @register
@@ -375,6 +398,9 @@ class Restored(Outcome):
     image_path: str
     devices: int = 0
     """Device nodes injected into the bundle before restoring (GPU actors)."""
+    cuda_route: str = ""
+    """The route that put CUDA state in the image (its manifest's), or empty: with
+    ``exec-cuda-checkpoint`` the processes must be resumed through the sandbox."""
 
 
 @register
@@ -421,3 +447,121 @@ class Deleted(Outcome):
     """The sandbox is deleted."""
 
     type: ClassVar[str] = "deleted"
+
+
+# --- GPU-aware suspend (docs/gpu-suspend.md) -------------------------------------------------
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NoLiveContext(Outcome):
+    """The probe found no live CUDA context: a plain checkpoint will do."""
+
+    type: ClassVar[str] = "no_live_context"
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LiveContextFound(Outcome):
+    """A CUDA context is live and the node has a route to suspend it with its state."""
+
+    type: ClassVar[str] = "live_context_found"
+    route: str
+    """``runsc-cuda-checkpoint`` or ``exec-cuda-checkpoint`` (see ``cudackpt.routing``)."""
+    message: str = ""
+    """Why this route, and what the probe found."""
+
+    def describe(self) -> str:
+        return f"live CUDA context: suspending via {self.route}: {self.message}"
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CudaSuspended(Outcome):
+    """Every CUDA process of the sandbox is checkpointed (exec route): it can be saved."""
+
+    type: ClassVar[str] = "cuda_suspended"
+    pids: str
+    """The sandbox pids suspended, comma-separated (resumed after restore or a failure)."""
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CudaSuspendRefused(Outcome):
+    """The exec route's suspend was rolled back: every process runs, as before."""
+
+    type: ClassVar[str] = "cuda_suspend_refused"
+    reason: str
+    """A bounded code (``cuda_lock_timeout``, ``cuda_suspend_refused``)."""
+    message: str = ""
+    """The tool's account (pid, CUDA error)."""
+
+    def describe(self) -> str:
+        detail = f": {self.message}" if self.message else ""
+        return f"suspend refused ({self.reason}){detail}"
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CudaSuspendFailed(Outcome):
+    """The exec route's suspend failed and its rollback did not bring every process back."""
+
+    type: ClassVar[str] = "cuda_suspend_failed"
+    message: str
+    pids: str = ""
+    """Every pid the suspend touched, comma-separated: all are to be resumed."""
+
+    def describe(self) -> str:
+        return f"CUDA suspend failed: {self.message}"
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CudaResumed(Outcome):
+    """Every suspended CUDA process of the sandbox runs again (restored and unlocked)."""
+
+    type: ClassVar[str] = "cuda_resumed"
+    pids: str = ""
+    """The sandbox pids resumed, comma-separated."""
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CudaResumeFailed(Outcome):
+    """Some CUDA processes could not be brought back (left checkpointed or locked)."""
+
+    type: ClassVar[str] = "cuda_resume_failed"
+    message: str
+    sandbox_survived: bool
+    """The sandbox still runs (its stuck processes are recovered by a retry)."""
+
+    def describe(self) -> str:
+        return f"CUDA resume failed: {self.message}"
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PreflightRefused(Outcome):
+    """Driver preflight refused to create a GPU sandbox on this node (none was created)."""
+
+    type: ClassVar[str] = "preflight_refused"
+    code: str
+    """A bounded code (``driver-unsupported``, ``driver-mismatch``, ``driver-unreadable``)."""
+    message: str
+
+    def describe(self) -> str:
+        return f"preflight refused ({self.code}): {self.message}"
+
+
+@register
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RestoreRefused(Outcome):
+    """The checkpoint cannot be restored on this node; it is kept, untouched."""
+
+    type: ClassVar[str] = "restore_refused"
+    code: str
+    """A bounded code (``restore-other-driver``, ``restore-fewer-gpus``, a preflight code)."""
+    message: str
+
+    def describe(self) -> str:
+        return f"restore refused ({self.code}): {self.message}"

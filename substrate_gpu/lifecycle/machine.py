@@ -20,6 +20,7 @@ Two engines evaluate the same spec on the :class:`~substrate_gpu.lifecycle.actor
 from __future__ import annotations
 
 import logging
+import sys
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,8 +33,15 @@ from transitions import Machine
 
 from substrate_gpu.lifecycle import actors, effects, errors, events
 
-#: ``machines/actor.yaml`` in a source checkout (the repository root's ``machines/``).
-DEFAULT_MACHINE = Path(__file__).resolve().parents[2] / "machines" / "actor.yaml"
+#: Where ``machines/actor.yaml`` is found, in order: a source checkout (the repository
+#: root's ``machines/``, also what an editable install sees), then the copy a wheel installs
+#: under ``<prefix>/share/substrate-gpu/machines/`` (pyproject's data-files). One file, two
+#: places it can be read from; never two sources of truth.
+MACHINE_CANDIDATES = (
+    Path(__file__).resolve().parents[2] / "machines" / "actor.yaml",
+    Path(sys.prefix) / "share" / "substrate-gpu" / "machines" / "actor.yaml",
+)
+DEFAULT_MACHINE = next((p for p in MACHINE_CANDIDATES if p.is_file()), MACHINE_CANDIDATES[0])
 
 # transitions logs every trigger at INFO: far too chatty for 100k actors.
 logging.getLogger("transitions").setLevel(logging.WARNING)

@@ -30,6 +30,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import anyio
 import anyio.lowlevel
@@ -39,6 +40,20 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from substrate_gpu.lifecycle import actors, effects, errors, events, hooks
 
 _log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class RejectionRecorder(Protocol):
+    """An :class:`~hooks.EventRecorder` that also records refused events (the event log).
+
+    Optional: the pipeline calls it when the recorder has it. A refused event changes no
+    actor; it is recorded (in order, before :class:`InvalidEvent` reaches the submitter) so
+    that a replay of the log reproduces the refusal.
+    """
+
+    async def record_rejected(self, event: events.Event, state: str, problem: str) -> None:
+        """Persist the refusal of ``event`` (unstamped) by an actor in ``state``."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,19 +163,72 @@ class Pipeline:
             self._slots.acquire_nowait()
         except anyio.WouldBlock:
             # Full: refuse an invalid event now rather than after the wait (re-checked below).
-            self.table.check(event)
+            try:
+                self.table.check(event)
+            except errors.InvalidEvent as e:
+                await self._record_rejection(event, e)
+                raise
             await self._slots.acquire()
         try:
             self._check_open()
             step = await self._accept(event)
-        except BaseException:
+        except BaseException as e:
             self._slots.release()
+            if isinstance(e, errors.InvalidEvent):
+                await self._record_rejection(event, e)
             raise
         if step.effect is None:
             self._slots.release()
         else:
             self._enqueue(_Job(event.actor_id, step.effect, step.event))
         return step
+
+    async def _record_rejection(self, event: events.Event, error: errors.InvalidEvent) -> None:
+        recorder: object = self._recorder
+        if not isinstance(recorder, RejectionRecorder):
+            return
+        try:
+            with anyio.CancelScope(shield=True):
+                await recorder.record_rejected(event, error.state, error.problem)
+        except Exception as e:
+            self._broken = e
+            raise
+
+    # --- resuming after a restart (recovery from the event log) -----------------------------
+
+    async def reconcile(self, outcome: events.Event) -> actors.Step:
+        """Accept an outcome that recovery established by asking the runtime.
+
+        The outcome is recorded and observed like any other, and the effect its transition
+        enters (e.g. ``start`` after ``sandbox_created``) is started: the chain continues
+        where the crash interrupted it.
+        """
+        self._check_open()
+        await self._slots.acquire()
+        try:
+            step = await self._accept(outcome)
+        except BaseException:
+            self._slots.release()
+            raise
+        if step.effect is None:
+            self._slots.release()
+        else:
+            self._enqueue(_Job(outcome.actor_id, step.effect, step.event))
+        return step
+
+    async def rerun(self, actor_id: str, cause: events.Event) -> None:
+        """Start the effect of an actor recovered in its in-flight state.
+
+        Recovery asks for this only where running the effect again is safe (it is
+        idempotent, or the runtime proved the interrupted attempt had no effect).
+        """
+        self._check_open()
+        actor = self.table.get(actor_id)
+        effect = self.table.spec.effects.get(actor.state) if actor is not None else None
+        if effect is None:
+            raise ValueError(f"actor {actor_id!r} is not in an in-flight state: nothing to rerun")
+        await self._slots.acquire()
+        self._enqueue(_Job(actor_id, effect, cause))
 
     def _enqueue(self, job: _Job) -> None:
         if self._pending == 0:

@@ -173,6 +173,24 @@ def install_toolkit_standins(toolkit_dir: Path) -> None:
         _write_script(toolkit_dir / name, f'#!/bin/sh\n# packaging wrapper\nexec "{real}" "$@"\n')
 
 
+def install_runsc_standin(directory: Path) -> Path:
+    """Install ``runsc``: a wrapper running :mod:`substrate_gpu.simulation.runsc` (over runc).
+
+    Installed next to the toolkit stand-ins by the demo, so an installed package (no tests/
+    tree) can drive the production runsc driver against it. Returns the script's path.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "runsc"
+    _write_script(
+        script,
+        "#!/bin/sh\n"
+        f"PYTHONPATH={Path(__file__).resolve().parents[2]}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+        "export PYTHONPATH\n"
+        f'exec {sys.executable} -m substrate_gpu.simulation.runsc "$@"\n',
+    )
+    return script
+
+
 def build_node(
     root: Path,
     *,

@@ -86,14 +86,3 @@ def test_inject_needs_a_spec_source(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(["inject", "--bundle", str(tmp_path)])
     assert exit_info.value.code == 2
-
-
-@pytest.mark.runc
-def test_demo_runs_the_simulated_node_in_runc(runc_path, tmp_path, capsys):
-    """The demo injects, proves idempotency and runs each actor in real runc."""
-    assert main(["demo", "--workdir", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "runtime: runc" in out
-    assert out.count("second injection: already-injected") == 2
-    assert "No such device or address" in out
-    assert "NVIDIA_VISIBLE_DEVICES=(unset)" in out

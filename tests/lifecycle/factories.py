@@ -17,6 +17,9 @@ DEFAULTS: dict[str, object] = {
     "sandbox_survived": True,
     "effect": "create",
     "seconds": 1.0,
+    "route": events.ROUTE_EXEC,
+    "pids": "1,7",
+    "code": "driver-unsupported",
 }
 
 

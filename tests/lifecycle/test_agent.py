@@ -52,9 +52,15 @@ class _Collect:
 async def test_suspend_refused_while_context_observed_then_accepted_after_close(
     make_agent: MakeAgent, runtime: FakeRuntime, metrics: RecordingMetrics
 ) -> None:
-    """With a live context the suspend is a recorded refusal; after the close it suspends."""
+    """Pool policy 'refuse': an observed context refuses the suspend at once (recorded);
+    after the close it suspends."""
     async with make_agent() as agent:
-        await bring_to_running(agent)
+        await agent.submit(
+            events.ActorRegistered(actor_id="a", gpu=True, bundle="/b/a", suspend_policy="refuse")
+        )
+        await agent.submit(events.BundlePrepared(actor_id="a", bundle="/b/a"))
+        await agent.submit(events.RunRequested(actor_id="a"))
+        await agent.wait_for_state("a", "running", timeout=5)
         runtime.open_context("a")
         await agent.submit(events.CudaContextOpened(actor_id="a", pid=7))
         refused = await agent.submit(events.SuspendRequested(actor_id="a"))
@@ -67,6 +73,21 @@ async def test_suspend_refused_while_context_observed_then_accepted_after_close(
         await agent.submit(events.SuspendRequested(actor_id="a"))
         await agent.wait_for_state("a", "suspended", timeout=5)
         assert agent.actor("a").checkpoint is not None
+    assert metrics.named("checkpoint_refused") == [(events.REFUSED_SUSPEND_POLICY,)]
+
+
+async def test_observed_context_without_a_route_is_refused_after_probing(
+    make_agent: MakeAgent, runtime: FakeRuntime, metrics: RecordingMetrics
+) -> None:
+    """Policy 'auto' on an agent without GPU settings: no route, so the probe refuses."""
+    async with make_agent() as agent:
+        await bring_to_running(agent)
+        await agent.submit(events.CudaContextOpened(actor_id="a", pid=7))
+        await agent.submit(events.SuspendRequested(actor_id="a"))
+        await agent.settle()
+        assert agent.state_of("a") == "running"
+        assert "1 live CUDA context(s) observed" in (agent.actor("a").reason or "")
+    assert runtime.ops("checkpoint") == []
     assert metrics.named("checkpoint_refused") == [(events.REFUSED_LIVE_CONTEXT_OBSERVED,)]
 
 

@@ -178,5 +178,6 @@ def test_diagram_is_mermaid_from_transitions() -> None:
     """The rendering is a mermaid state diagram with guards on the edges."""
     rendered = machine.render_mermaid(machine.load_spec())
     assert "stateDiagram-v2" in rendered
-    assert "running --> checkpointing: suspend_requested [!has_live_context]" in rendered
-    assert "suspend_requested [has_live_context]" in rendered
+    assert "running --> checkpointing: suspend_requested [!is_gpu & !has_live_context]" in rendered
+    assert "running --> probing: suspend_requested [is_gpu & !refuses_gpu_suspend]" in rendered
+    assert "suspend_requested [has_live_context & !is_gpu]" in rendered

@@ -54,6 +54,18 @@ def _setup_for(t: machine.TransitionSpec, source: str) -> tuple[actors.ActorView
         actor_fields["exited"] = truth["has_exited"]
     if "sandbox_survived" in truth:
         event_fields["sandbox_survived"] = truth["sandbox_survived"]
+    if "refuses_gpu_suspend" in truth:
+        actor_fields["suspend_policy"] = "refuse" if truth["refuses_gpu_suspend"] else "auto"
+    if "route_is_runsc" in truth or "route_is_exec" in truth:
+        event_fields["route"] = (
+            events.ROUTE_RUNSC if truth.get("route_is_runsc") else events.ROUTE_EXEC
+        )
+    if "suspended_cuda_in_sandbox" in truth:
+        actor_fields["suspend_route"] = (
+            events.ROUTE_EXEC if truth["suspended_cuda_in_sandbox"] else ""
+        )
+    if "image_has_exec_cuda_state" in truth:
+        event_fields["cuda_route"] = events.ROUTE_EXEC if truth["image_has_exec_cuda_state"] else ""
     if source == SPEC.initial:
         return None, event_fields
     return _actor(source, **actor_fields), event_fields

@@ -1,0 +1,174 @@
+"""``substrate-gpu agent``: the standalone node agent process (see ``docs/agent.md``)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import anyio
+
+from substrate_gpu import exceptions
+from substrate_gpu.injection import toolkit
+from substrate_gpu.observability.http import DEFAULT_HOST, DEFAULT_PORT
+from substrate_gpu.service import config as config_
+from substrate_gpu.service import server
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``agent``."""
+    parser = subparsers.add_parser(
+        "agent",
+        help="run the node agent: events in (Unix socket, stdin), event log, metrics",
+        description=(
+            "Read lifecycle events as JSON lines from a Unix socket and/or stdin, answer each "
+            "with an acknowledgement or an error, keep the event log (resuming from it on "
+            "start), and serve Prometheus metrics. See docs/agent.md."
+        ),
+    )
+    io = parser.add_argument_group("requests and state")
+    io.add_argument("--socket", type=Path, help="Unix socket to serve (created mode 0600)")
+    io.add_argument(
+        "--stdin",
+        action="store_true",
+        help="also read requests from stdin, answers on stdout (alone: exit at EOF)",
+    )
+    io.add_argument(
+        "--event-log",
+        type=Path,
+        help="the event log (created if absent; recovered and resumed if present)",
+    )
+    io.add_argument(
+        "--checkpoint-root",
+        type=Path,
+        default=config_.DEFAULT_CHECKPOINT_ROOT,
+        help="checkpoint images go to DIR/<actor>/<seq> (default: %(default)s)",
+    )
+    io.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=config_.DEFAULT_DRAIN_TIMEOUT,
+        help="on SIGTERM/SIGINT, seconds to let running effects finish (default: %(default)s)",
+    )
+    metrics = parser.add_argument_group("metrics")
+    metrics.add_argument(
+        "--metrics-host", default=DEFAULT_HOST, help="metrics address (default: %(default)s)"
+    )
+    metrics.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_PORT,
+        help="metrics port; 0 turns the endpoint off (default: %(default)s)",
+    )
+    runtime = parser.add_argument_group("runtime and GPU injection")
+    runtime.add_argument("--runsc", default="runsc", help="the runsc binary (default: %(default)s)")
+    runtime.add_argument(
+        "--runsc-root",
+        type=Path,
+        default=config_.DEFAULT_RUNSC_ROOT,
+        help="runsc --root (default: %(default)s)",
+    )
+    runtime.add_argument(
+        "--driver-root",
+        type=Path,
+        default=Path(os.environ.get(toolkit.ENV_DRIVER_ROOT) or toolkit.DEFAULT_DRIVER_ROOT),
+        help=f"NVIDIA driver root (default: ${toolkit.ENV_DRIVER_ROOT} or "
+        f"{toolkit.DEFAULT_DRIVER_ROOT})",
+    )
+    runtime.add_argument(
+        "--toolkit-dir",
+        type=Path,
+        default=toolkit.DEFAULT_TOOLKIT_DIR,
+        help="the mounted NVIDIA toolkit (default: %(default)s)",
+    )
+    runtime.add_argument(
+        "--cdi-output-dir",
+        type=Path,
+        default=config_.DEFAULT_CDI_OUTPUT_DIR,
+        help="where the worker's CDI spec is generated (default: %(default)s)",
+    )
+    runtime.add_argument(
+        "--dev-root",
+        type=Path,
+        default=Path("/"),
+        help="host-root prefix for stat-ing device nodes (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="run on a simulated GPU node in a temporary directory with a scripted workload "
+        "looping forever (the runtime/injection flags are ignored)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def config_from(args: argparse.Namespace) -> config_.AgentConfig:
+    """The agent configuration the flags describe."""
+    if not 0 <= args.metrics_port <= 65535:
+        raise exceptions.ConfigError(
+            f"while reading --metrics-port: {args.metrics_port} is not a port (0-65535)"
+        )
+    return config_.AgentConfig(
+        event_log=args.event_log,
+        socket=args.socket,
+        stdin=args.stdin,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        runsc=args.runsc,
+        runsc_root=args.runsc_root,
+        driver_root=args.driver_root,
+        toolkit_dir=args.toolkit_dir,
+        cdi_output_dir=args.cdi_output_dir,
+        dev_root=args.dev_root,
+        checkpoint_root=args.checkpoint_root,
+        drain_timeout=args.drain_timeout,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``agent``."""
+    config = config_from(args)
+    if args.demo:
+        return _run_demo(config)
+    if config.socket is None and not config.stdin:
+        raise exceptions.ConfigError(
+            "while starting the agent: no input; give --socket PATH and/or --stdin (or --demo)"
+        )
+    return anyio.run(functools.partial(server.run, config))
+
+
+def _run_demo(config: config_.AgentConfig) -> int:
+    from substrate_gpu import demo  # noqa: PLC0415  (imports the simulation: demo mode only)
+
+    with tempfile.TemporaryDirectory(prefix="substrate-gpu-agent-demo-") as tmp:
+        workdir = Path(tmp)
+        node = demo.build_demo_node(
+            workdir, metrics_host=config.metrics_host, metrics_port=config.metrics_port
+        )
+        demo_config = dataclasses.replace(
+            node.config,
+            socket=config.socket,
+            stdin=config.stdin,
+            event_log=config.event_log or node.config.event_log,
+        )
+        print(
+            f"substrate-gpu agent --demo: simulated node in {workdir}; "
+            f"runtime: {node.runtime_detail}",
+            file=sys.stderr,
+        )
+
+        async def workload(service: server.AgentService) -> None:
+            await demo.workload_forever(service, node.components, workdir / "bundles")
+
+        try:
+            return anyio.run(
+                functools.partial(
+                    server.run, demo_config, components=node.components, workload=workload
+                )
+            )
+        finally:
+            demo.cleanup_containers(workdir)

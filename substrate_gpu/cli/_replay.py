@@ -1,0 +1,175 @@
+"""``substrate-gpu replay LOG [--actor ID] [--json]``: each actor's timeline and final state.
+
+Replays the event log through the lifecycle machine without running any effect
+(docs/event-log.md). Exit codes: 0 when the log replays (a torn last line is a warning on
+stderr, not a failure: it was never acknowledged); 1 when the log is unreadable, corrupt or
+diverges from the machine (the message names the file and line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
+from substrate_gpu import eventlog
+from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_OK
+from substrate_gpu.eventlog import format, reader, replayer
+from substrate_gpu.lifecycle import events, hooks
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``replay``."""
+    parser = subparsers.add_parser(
+        "replay",
+        help="replay an event log: each actor's timeline and final state",
+        description="Rebuild every actor's state from an event log, running no effect, "
+        "and print each actor's timeline (seq, time, event, from -> to) and final state.",
+    )
+    parser.add_argument("log", type=Path, metavar="LOG", help="the event log (events.jsonl)")
+    parser.add_argument("--actor", metavar="ID", help="only this actor")
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``replay`` handler."""
+    path: Path = args.log
+    try:
+        contents = reader.read_log(path)
+        result = replayer.replay_contents(contents, actor=args.actor)
+    except eventlog.EventLogError as e:
+        print(f"substrate-gpu replay: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    if contents.torn_tail is not None:
+        print(
+            f"substrate-gpu replay: warning: {path}: {contents.torn_tail.describe()}",
+            file=sys.stderr,
+        )
+    timelines = _timelines(contents, result, args.actor)
+    if args.json:
+        json.dump(_document(result, timelines), sys.stdout, indent=2, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        _print_text(sys.stdout, result, timelines)
+    return EXIT_OK
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    record: format.Record
+    transition: hooks.Transition | None
+
+
+def _timelines(
+    contents: reader.LogContents, result: eventlog.ReplayResult, actor: str | None
+) -> dict[str, list[_Entry]]:
+    """Each actor's records paired with the transitions replay produced, in log order."""
+    transitions: Iterator[hooks.Transition] = iter(result.transitions)
+    out: dict[str, list[_Entry]] = {a: [] for a in sorted(result.actors)}
+    for record in contents.records:
+        if actor is not None and record.actor_id != actor:
+            continue
+        t = next(transitions) if isinstance(record, events.Event) else None
+        out.setdefault(record.actor_id, []).append(_Entry(record, t))
+    return out
+
+
+def _when(at: float) -> str:
+    moment = datetime.datetime.fromtimestamp(at, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _print_text(
+    out: TextIO, result: eventlog.ReplayResult, timelines: dict[str, list[_Entry]]
+) -> None:
+    since = f" after the snapshot at seq {result.snapshot_seq}" if result.snapshot_seq else ""
+    out.write(
+        f"{result.path}: {result.events_replayed} event(s) replayed{since}, "
+        f"{len(result.rejections)} refusal(s), last seq {result.last_seq}, "
+        f"{len(result.actors)} actor(s)\n"
+    )
+    for actor_id, entries in timelines.items():
+        out.write(f"\nactor {actor_id}\n")
+        for entry in entries:
+            record = entry.record
+            if isinstance(record, format.Rejection):
+                event = record.event
+                out.write(
+                    f"  {'-':>8}  {_when(event.at)}  {event.type:<20} REFUSED in "
+                    f"{record.state}: {record.problem}\n"
+                )
+                continue
+            t = entry.transition
+            assert t is not None
+            reason = f"  ({t.reason})" if t.reason else ""
+            out.write(
+                f"  {record.seq:>8}  {_when(t.at)}  {t.event_type:<20} {t.source} -> {t.dest}"
+                f"{reason}\n"
+            )
+        view = result.actors.get(actor_id)
+        if view is None:
+            out.write("  final: not known (only refused events)\n")
+            continue
+        details = [
+            "gpu" if view.gpu else "cpu",
+            f"checkpoint {view.checkpoint}" if view.checkpoint else "no checkpoint",
+        ]
+        if view.live_contexts:
+            details.append(f"{view.live_contexts} live CUDA context(s)")
+        if view.reason:
+            details.append(f"reason: {view.reason}")
+        out.write(f"  final: {view.state} ({', '.join(details)})\n")
+
+
+def _document(
+    result: eventlog.ReplayResult, timelines: dict[str, list[_Entry]]
+) -> dict[str, object]:
+    torn = result.torn_tail
+    actors: dict[str, object] = {}
+    for actor_id, entries in timelines.items():
+        timeline: list[dict[str, object]] = []
+        for entry in entries:
+            record = entry.record
+            if isinstance(record, format.Rejection):
+                timeline.append(
+                    {
+                        "refused": True,
+                        "at": record.event.at,
+                        "event": record.event.type,
+                        "state": record.state,
+                        "problem": record.problem,
+                    }
+                )
+            else:
+                t = entry.transition
+                assert t is not None
+                timeline.append(
+                    {
+                        "seq": record.seq,
+                        "at": t.at,
+                        "event": t.event_type,
+                        "from": t.source,
+                        "to": t.dest,
+                        "reason": t.reason,
+                    }
+                )
+        view = result.actors.get(actor_id)
+        actors[actor_id] = {
+            "final": dataclasses.asdict(view) if view is not None else None,
+            "timeline": timeline,
+        }
+    return {
+        "log": str(result.path),
+        "events_replayed": result.events_replayed,
+        "refusals": len(result.rejections),
+        "last_seq": result.last_seq,
+        "snapshot_seq": result.snapshot_seq,
+        "torn_tail": dataclasses.asdict(torn) if torn is not None else None,
+        "actors": actors,
+    }

@@ -1,0 +1,49 @@
+"""The event log: durable, replayable, recoverable history of every actor.
+
+Where things live: :mod:`.format` is the line format and its versioning; :mod:`.writer`
+the group-committing, rotating :class:`EventLog` (the agent's ``EventRecorder``);
+:mod:`.reader` reading a log, torn tail and corruption included; :mod:`.snapshot` the
+compaction snapshots; :mod:`.replayer` rebuilding states through the machine without effects;
+:mod:`.recovery` resuming an agent and reconciling interrupted effects with the runtime.
+docs/event-log.md is the user-facing account.
+"""
+
+from __future__ import annotations
+
+from substrate_gpu.eventlog.errors import CorruptLogError, EventLogError, ReplayDivergence
+from substrate_gpu.eventlog.format import Header, Rejection
+from substrate_gpu.eventlog.reader import LogContents, TornTail, read_log
+from substrate_gpu.eventlog.recovery import (
+    Decision,
+    Reconciliation,
+    Recovery,
+    decide,
+    image_is_whole,
+    recover,
+)
+from substrate_gpu.eventlog.replayer import ReplayResult, replay
+from substrate_gpu.eventlog.snapshot import Snapshot
+from substrate_gpu.eventlog.writer import EventLog
+from substrate_gpu.lifecycle.agent import ResumePoint
+
+__all__ = [
+    "CorruptLogError",
+    "Decision",
+    "EventLog",
+    "EventLogError",
+    "Header",
+    "LogContents",
+    "Reconciliation",
+    "Recovery",
+    "Rejection",
+    "ReplayDivergence",
+    "ReplayResult",
+    "ResumePoint",
+    "Snapshot",
+    "TornTail",
+    "decide",
+    "image_is_whole",
+    "read_log",
+    "recover",
+    "replay",
+]

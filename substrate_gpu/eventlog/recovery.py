@@ -1,0 +1,339 @@
+"""Recovery: resume every actor where the log left it, reconciling interrupted effects.
+
+An actor the log leaves in an in-flight state (a state with an ``effect:`` in
+``machines/actor.yaml``) was mid-effect when the agent died: the event that entered the
+state is durable (logged before the effect started), the outcome is not. Re-running the
+effect blindly could run it twice (a second ``runsc create``, a second checkpoint over the
+first). Instead recovery **asks the runtime** (``runsc state``) what happened and decides,
+per :func:`decide`:
+
+==============  =====================================  ===========================================
+state (effect)  the runtime says                       recovery
+==============  =====================================  ===========================================
+injecting       (not asked)                            rerun ``inject`` (idempotent by design)
+probing         (not asked)                            rerun ``probe`` (reads /proc only)
+creating        created                                ``sandbox_created`` (then ``start`` runs)
+creating        missing                                ``effect_failed`` (create)
+creating        creating, running, paused, stopped     delete it, ``effect_failed`` (create)
+starting        running, paused                        ``sandbox_started``
+starting        created                                rerun ``start`` (it provably had no effect)
+starting        missing, creating, stopped             ``effect_failed`` (start)
+checkpointing   running, paused                        ``checkpoint_failed``, sandbox survived
+checkpointing   gone (stopped, missing), image whole   delete leftover, ``checkpoint_written``
+checkpointing   gone, no whole image                   ``checkpoint_failed``, sandbox lost
+restoring       running, paused                        ``restored``
+restoring       missing, creating, created, stopped    delete leftover, ``restore_failed``
+deleting        missing                                ``deleted``
+deleting        exists                                 rerun ``delete`` (``--force``, idempotent)
+any             state unreadable (runsc error)         the effect's failure outcome
+other effects   (not asked)                            ``effect_timed_out`` (accepted by every
+                                                       in-flight state: failed, recoverable)
+==============  =====================================  ===========================================
+
+Why a live sandbox in ``checkpointing`` means "failed, survived" even when an image exists:
+a ``runsc checkpoint`` started in its own session outlives the agent and may still be
+writing that image; the running sandbox is the actor's state, and a new suspend can be
+requested. Only once the sandbox is gone is the image the actor's state (taken when whole).
+
+Outcomes are *not* applied here: the :class:`ResumePoint` carries them to the restarted
+:class:`~substrate_gpu.lifecycle.Agent`, which accepts them like any outcome (logged before
+acted on, observed, follow-up effects started). :attr:`Recovery.actors` shows the states
+they will produce. Recovering twice is safe: outcomes already logged moved the actors out
+of their in-flight states, and the others are reconciled again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from substrate_gpu import exceptions
+from substrate_gpu.eventlog import errors, reader, replayer
+from substrate_gpu.lifecycle import actors, events, machine
+from substrate_gpu.lifecycle.agent import ResumePoint
+from substrate_gpu.runsc import api as runsc
+
+#: The effects :func:`decide` has rules for.
+_RULES = frozenset({"inject", "probe", "create", "start", "checkpoint", "restore", "delete"})
+
+#: Why recovery produced an outcome (in every reconciliation outcome's message).
+INTERRUPTED = "interrupted by an agent restart"
+
+Status = Literal["creating", "created", "running", "paused", "stopped", "missing", "unknown"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with one actor found mid-effect."""
+
+    action: Literal["outcome", "rerun"]
+    """Accept ``outcome``, or run the state's effect again."""
+    outcome: events.Event | None = None
+    """The outcome event (unstamped) when ``action`` is ``outcome``."""
+    delete_leftover: bool = False
+    """``runsc delete --force`` the container first (what the effect itself would do)."""
+    why: str = ""
+    """One line for the report."""
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    """The report line for one actor found mid-effect."""
+
+    actor_id: str
+    state: str
+    """The in-flight state the log left it in."""
+    effect: str
+    runtime: str
+    """What the runtime said (a status, ``missing``, ``not asked`` or the error)."""
+    decision: Decision
+
+    def describe(self) -> str:
+        """One human line."""
+        what = (
+            f"-> {self.decision.outcome.type}"
+            if self.decision.outcome is not None
+            else f"rerun {self.effect}"
+        )
+        cleanup = ", leftover container deleted" if self.decision.delete_leftover else ""
+        return (
+            f"actor {self.actor_id}: {self.state} ({self.effect} interrupted), runtime says "
+            f"{self.runtime}: {what}{cleanup} ({self.decision.why})"
+        )
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """Where a restarted agent resumes (pass :attr:`resume` to ``Agent(resume=...)``)."""
+
+    path: Path
+    actors: dict[str, actors.ActorView]
+    """Every actor as it will be once the reconciliation outcomes are accepted."""
+    last_seq: int
+    """The log's last seq."""
+    reconcile_events: tuple[events.Event, ...]
+    """Outcomes established by asking the runtime, for the agent to accept (unstamped)."""
+    rerun: tuple[str, ...]
+    """Actors whose effect the agent runs again (idempotent, or provably had no effect)."""
+    report: tuple[Reconciliation, ...]
+    """One line per actor found mid-effect."""
+    resume: ResumePoint
+    """What ``Agent(resume=...)`` takes."""
+    torn_tail: reader.TornTail | None = None
+    """The torn last line dropped from the log, if any."""
+
+
+def image_is_whole(image: Path) -> bool:
+    """The default completeness test of a checkpoint image: a non-empty ``checkpoint.img``.
+
+    runsc writes no completion marker; this is only trusted once the sandbox is gone.
+    """
+    try:
+        return (image / "checkpoint.img").stat().st_size > 0
+    except OSError:
+        return False
+
+
+def decide(
+    view: actors.ActorView,
+    effect: str,
+    status: Status,
+    *,
+    image: Path | None = None,
+    image_whole: bool = False,
+) -> Decision:
+    """The rule table of the module doc, as a pure function of what the runtime said."""
+    actor_id = view.actor_id
+    alive = status in {"running", "paused"}
+    exists = status not in {"missing", "unknown"}
+    if effect not in _RULES:
+        # A newer machine's effect: the one outcome every in-flight state accepts, which
+        # fails the actor recoverably and remembers a possible container.
+        return Decision(
+            "outcome",
+            events.EffectTimedOut(actor_id=actor_id, effect=effect, seconds=0.0),
+            why=f"no reconciliation rule for effect {effect!r}; failed as interrupted",
+        )
+    if status == "unknown":
+        return Decision(
+            "outcome",
+            _failure(effect, actor_id, "the runtime's state could not be read"),
+            why="cannot tell what happened",
+        )
+    if effect == "inject":
+        return Decision("rerun", why="injection is idempotent")
+    if effect == "probe":
+        return Decision("rerun", why="probing for CUDA contexts only reads /proc")
+    if effect == "create":
+        if status == "created":
+            return Decision(
+                "outcome", events.SandboxCreated(actor_id=actor_id), why="the create completed"
+            )
+        return Decision(
+            "outcome",
+            _failure(effect, actor_id, f"the container is {status}"),
+            delete_leftover=exists,
+            why="the create did not complete",
+        )
+    if effect == "start":
+        if alive:
+            return Decision(
+                "outcome", events.SandboxStarted(actor_id=actor_id), why="the start completed"
+            )
+        if status == "created":
+            return Decision("rerun", why="the container is created, not started")
+        return Decision(
+            "outcome",
+            _failure(effect, actor_id, f"the container is {status}"),
+            why="the sandbox is not running",
+        )
+    if effect == "checkpoint":
+        if alive:
+            return Decision(
+                "outcome",
+                events.CheckpointFailed(
+                    actor_id=actor_id,
+                    message=f"{INTERRUPTED}; the sandbox still runs",
+                    sandbox_survived=True,
+                ),
+                why="the sandbox still runs; an image, if any, is not trusted",
+            )
+        if image is not None and image_whole:
+            return Decision(
+                "outcome",
+                events.CheckpointWritten(actor_id=actor_id, image_path=str(image)),
+                delete_leftover=exists,
+                why="the sandbox is gone and its image is whole",
+            )
+        return Decision(
+            "outcome",
+            events.CheckpointFailed(
+                actor_id=actor_id,
+                message=f"{INTERRUPTED}; the sandbox is {status} and no whole image exists",
+                sandbox_survived=False,
+            ),
+            why="the sandbox is gone without a whole image; the last good checkpoint is kept",
+        )
+    if effect == "restore":
+        if alive:
+            return Decision(
+                "outcome",
+                events.Restored(actor_id=actor_id, image_path=view.checkpoint or ""),
+                why="the restore completed",
+            )
+        return Decision(
+            "outcome",
+            _failure(effect, actor_id, f"the container is {status}"),
+            delete_leftover=exists,
+            why="the restore did not complete; the checkpoint is kept",
+        )
+    if effect == "delete":
+        if status == "missing":
+            return Decision(
+                "outcome", events.Deleted(actor_id=actor_id), why="the container is gone"
+            )
+        return Decision("rerun", why="deleting is idempotent")
+    raise AssertionError(f"unreachable: effect {effect!r} has a rule")
+
+
+def _failure(effect: str, actor_id: str, detail: str) -> events.Event:
+    message = f"{INTERRUPTED}: {detail}"
+    if effect == "inject":
+        return events.InjectionFailed(actor_id=actor_id, message=message)
+    if effect == "checkpoint":
+        return events.CheckpointFailed(actor_id=actor_id, message=message, sandbox_survived=False)
+    if effect == "restore":
+        return events.RestoreFailed(actor_id=actor_id, message=message)
+    return events.EffectFailed(actor_id=actor_id, effect=effect, message=message)
+
+
+async def _status(runtime: runsc.SandboxRuntime, actor_id: str) -> tuple[Status, str]:
+    try:
+        state = await runtime.state(actor_id)
+    except runsc.ContainerNotFoundError:
+        return "missing", "missing"
+    except exceptions.SubstrateGpuError as e:
+        return "unknown", f"unreadable ({e})"
+    return state.status, state.status
+
+
+async def recover(
+    path: Path,
+    *,
+    runtime: runsc.SandboxRuntime,
+    checkpoint_root: Path | None = None,
+    machine_spec: machine.MachineSpec | None = None,
+    image_whole: Callable[[Path], bool] = image_is_whole,
+) -> Recovery:
+    """Replay the log at ``path`` and reconcile every actor found mid-effect (module doc).
+
+    ``checkpoint_root`` should be the agent's (checkpoint images are
+    ``<checkpoint_root>/<actor>/<seq of the suspend>``); without it no image is trusted
+    (an actor whose sandbox is gone mid-checkpoint keeps its last good checkpoint). Only
+    leftover containers are touched (deleted, as the interrupted effect itself would have);
+    outcomes are returned for the restarted agent to accept and log.
+    """
+    spec = machine_spec or machine.load_spec()
+    result = replayer.replay(path, machine_spec=spec, keep_transitions=False)
+    report: list[Reconciliation] = []
+    outcomes: list[events.Event] = []
+    rerun: list[tuple[str, events.Event]] = []
+    for actor_id in sorted(result.actors):
+        view = result.actors[actor_id]
+        effect = spec.effects.get(view.state)
+        if effect is None:
+            continue
+        cause = result.causes.get(actor_id)
+        if cause is None:
+            raise errors.EventLogError(
+                f"while recovering actor {actor_id!r} from {path}: it is in {view.state!r} "
+                "but the log does not hold the event that entered that state"
+            )
+        if effect in {"inject", "probe"} or effect not in _RULES:
+            status: Status = "missing"
+            said = "not asked"
+        else:
+            status, said = await _status(runtime, actor_id)
+        image = (
+            checkpoint_root / actor_id / str(cause.seq)
+            if effect == "checkpoint" and checkpoint_root is not None
+            else None
+        )
+        decision = decide(
+            view,
+            effect,
+            status,
+            image=image,
+            image_whole=image is not None and image_whole(image),
+        )
+        if decision.delete_leftover:
+            with contextlib.suppress(exceptions.SubstrateGpuError):
+                await runtime.delete(actor_id, force=True)
+        report.append(Reconciliation(actor_id, view.state, effect, said, decision))
+        if decision.outcome is not None:
+            outcomes.append(decision.outcome)
+        else:
+            rerun.append((actor_id, cause))
+    # What the agent will hold once it accepted the outcomes (the same machine, no effect).
+    predicted = replayer.Replayer(spec)
+    predicted.load_views(result.actors.values(), result.last_seq)
+    for outcome in outcomes:
+        predicted.apply(outcome)
+    return Recovery(
+        path=path,
+        actors=predicted.views(),
+        last_seq=result.last_seq,
+        reconcile_events=tuple(outcomes),
+        rerun=tuple(a for a, _ in rerun),
+        report=tuple(report),
+        resume=ResumePoint(
+            actors=tuple(result.actors.values()),
+            last_seq=result.last_seq,
+            outcomes=tuple(outcomes),
+            rerun=tuple(rerun),
+        ),
+        torn_tail=result.torn_tail,
+    )

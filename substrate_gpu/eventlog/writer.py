@@ -1,0 +1,382 @@
+"""The event log writer: durable before acted on, with group commit and rotation.
+
+:class:`EventLog` implements the lifecycle's ``EventRecorder`` (and the pipeline's optional
+``RejectionRecorder``). ``record(event)`` returns once the event's line is written **and
+fsynced**; the agent awaits it before the event's effect starts.
+
+**Group commit, without a background task.** ``record`` appends the line to the open batch
+synchronously (before its first await, so the log order is the order the machine applied
+events), then waits for the batch to be durable. If no flush is running, the recorder
+becomes the *leader*: it lingers while more records keep arriving (at most ``max_delay``
+seconds, or until ``max_batch`` are waiting; a lone recorder does not wait at all), takes
+the batch, and writes and ``fdatasync``-s it in a worker thread. Records arriving during
+the fsync form the next batch; when the flush ends, one of their recorders leads the next.
+The flush is shielded from cancellation: a batch is written whole or the log is failed.
+Any write error fails the log for good (memory and log would disagree); every later
+``record`` raises :class:`EventLogError`, which stops the agent.
+
+**Rotation.** When the segment exceeds ``rotate_bytes`` after a flush, the leader (between
+batches, so no line is half-way) compacts the log:
+
+1. write ``<log>.snapshot-<S>.json`` atomically: every live actor at the last durable seq
+   ``S`` (temp file, fsync, rename, fsync dir);
+2. atomically replace the log with a new segment whose header names that snapshot
+   (``base_seq`` S) and whose tail is empty: every event up to S is in the snapshot;
+3. remove older snapshots.
+
+A crash anywhere leaves a readable log: before 2 the old segment (and the snapshot it names)
+is intact and the new snapshot is an unreferenced file; after 2 the new segment and its
+snapshot are complete. :meth:`EventLog.open` removes unreferenced snapshots and temp files.
+To snapshot, the log keeps its own copy of every actor's state (the agent's machine, fed
+each batch as it is written), so rotation never reads the log back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol, Self
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+
+from substrate_gpu import _atomic
+from substrate_gpu.eventlog import errors, format, reader, replayer, snapshot
+from substrate_gpu.lifecycle import events, machine
+
+_log = logging.getLogger(__name__)
+
+
+class AppendMetrics(Protocol):
+    """Where the log reports each durable write (``AgentMetrics`` implements it)."""
+
+    def event_log_append(self, seconds: float, batch_size: int) -> None:
+        """One fsync made ``batch_size`` records durable ``seconds`` after the first append."""
+        ...
+
+
+@dataclass
+class _Batch:
+    lines: list[str] = field(default_factory=list)
+    events: list[events.Event] = field(default_factory=list)
+    first: float = 0.0
+    last_seq: int = 0
+    done: bool = False
+    error: BaseException | None = None
+
+
+class EventLog:
+    """An append-only, fsynced, rotating event log (see the module doc).
+
+    Open it with ``await EventLog.open(path)`` (or ``async with await EventLog.open(...)``),
+    pass it to ``Agent(recorder=...)``, ``await log.aclose()`` at the end.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        contents: reader.LogContents,
+        *,
+        max_batch: int,
+        max_delay: float,
+        metrics: AppendMetrics | None,
+        rotate_bytes: int | None,
+        tracker: replayer.Replayer | None,
+    ) -> None:
+        """Use :meth:`open` (``tracker``: the machine copy fed for snapshots, or None)."""
+        self.path = path
+        """The active segment."""
+        self.last_seq = contents.last_seq
+        """The seq of the last durable event (after :meth:`open`: the log's last one)."""
+        self.torn_tail = contents.torn_tail
+        """The torn last line :meth:`open` dropped, if any."""
+        self.rotations = 0
+        """Segments rotated by this writer."""
+        self._max_batch = max_batch
+        self._max_delay = max_delay
+        self._metrics = metrics
+        self._rotate_bytes = rotate_bytes
+        self._queued_seq = contents.last_seq
+        self._size = contents.valid_bytes
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._open_batch = _Batch()
+        self._flushing = False
+        self._flushed = anyio.Event()
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._replayer = tracker
+
+    # --- opening -------------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        path: Path,
+        *,
+        max_batch: int = 1024,
+        max_delay: float = 0.002,
+        metrics: AppendMetrics | None = None,
+        rotate_bytes: int | None = 64 << 20,
+        machine_spec: machine.MachineSpec | None = None,
+    ) -> EventLog:
+        """Open (or create) the log at ``path`` for appending.
+
+        An existing log is read whole and checked (a corrupt line raises
+        :class:`CorruptLogError`); a torn last line is reported (:attr:`torn_tail`, and a
+        warning) and truncated away before anything is appended. ``rotate_bytes`` None
+        disables rotation; ``machine_spec`` must be the agent's when it is not the default.
+        """
+        if max_batch < 1 or max_delay < 0:
+            raise ValueError("max_batch must be at least 1 and max_delay not negative")
+        contents = await anyio.to_thread.run_sync(_prepare, path)
+        if contents.torn_tail is not None:
+            _log.warning("event log %s: %s", path, contents.torn_tail.describe())
+        tracker = None
+        if rotate_bytes is not None:
+            tracker = await anyio.to_thread.run_sync(_tracker, contents, machine_spec)
+        return cls(
+            path,
+            contents,
+            max_batch=max_batch,
+            max_delay=max_delay,
+            metrics=metrics,
+            rotate_bytes=rotate_bytes,
+            tracker=tracker,
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # --- recording -----------------------------------------------------------------------
+
+    async def record(self, event: events.Event) -> None:
+        """Append ``event`` (stamped); return once it is fsynced."""
+        self._check_usable()
+        if event.seq <= self._queued_seq:
+            raise errors.EventLogError(
+                f"while recording {event.type!r} of actor {event.actor_id!r} in {self.path}: "
+                f"its seq {event.seq} does not follow {self._queued_seq} (events are logged "
+                "once each, stamped, in acceptance order)"
+            )
+        self._queued_seq = event.seq
+        batch = self._open_batch
+        if not batch.lines:
+            batch.first = time.monotonic()
+        batch.lines.append(event.to_json())
+        batch.events.append(event)
+        batch.last_seq = event.seq
+        await self._until_durable(batch)
+
+    async def record_rejected(self, event: events.Event, state: str, problem: str) -> None:
+        """Append the refusal of ``event`` in ``state``; return once it is fsynced."""
+        self._check_usable()
+        batch = self._open_batch
+        if not batch.lines:
+            batch.first = time.monotonic()
+        batch.lines.append(format.Rejection(event=event, state=state, problem=problem).to_json())
+        await self._until_durable(batch)
+
+    async def aclose(self) -> None:
+        """Wait for the flush in progress, then close the file (idempotent)."""
+        while self._flushing:
+            await self._flushed.wait()
+        self._closed = True
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise errors.EventLogError(
+                f"event log {self.path} failed earlier and accepts nothing more: {self._failed}"
+            ) from self._failed
+        if self._closed:
+            raise errors.EventLogError(f"event log {self.path} is closed")
+
+    async def _until_durable(self, batch: _Batch) -> None:
+        while not batch.done:
+            if self._flushing:
+                await self._flushed.wait()
+            else:
+                await self._flush()
+        if batch.error is not None:
+            raise errors.EventLogError(
+                f"while appending {len(batch.lines)} record(s) to event log {self.path}: "
+                f"{batch.error}"
+            ) from batch.error
+
+    async def _flush(self) -> None:
+        self._flushing = True
+        self._flushed = anyio.Event()
+        batch: _Batch | None = None
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._linger()
+                batch, self._open_batch = self._open_batch, _Batch()
+                try:
+                    self._track(batch)
+                    data = "".join(line + "\n" for line in batch.lines).encode()
+                    await anyio.to_thread.run_sync(self._append, data)
+                except (OSError, errors.EventLogError) as e:
+                    batch.error = e
+                    self._failed = e
+                    return
+                if batch.last_seq:
+                    self.last_seq = batch.last_seq
+                if self._metrics is not None:
+                    self._metrics.event_log_append(time.monotonic() - batch.first, len(batch.lines))
+                # A snapshot needs an event to stand at (refusals alone do not move the seq).
+                rotate = self._rotate_bytes is not None and self._size > self._rotate_bytes
+                if rotate and self.last_seq > 0:
+                    await self._rotate()
+        finally:
+            # Whatever happened, the batch's recorders must stop waiting (its error, if any,
+            # is what they raise); then the next batch gets a leader.
+            if batch is not None:
+                batch.done = True
+            self._flushing = False
+            self._flushed.set()
+
+    async def _linger(self) -> None:
+        """Let concurrent recorders join the batch while it keeps growing."""
+        deadline = time.monotonic() + self._max_delay
+        size = len(self._open_batch.lines)
+        while size < self._max_batch:
+            await anyio.lowlevel.checkpoint()
+            grown = len(self._open_batch.lines)
+            if grown == size or time.monotonic() >= deadline:
+                return
+            size = grown
+
+    def _track(self, batch: _Batch) -> None:
+        """Feed the batch's events to the log's own machine copy (for snapshots)."""
+        if self._replayer is None or not batch.events:
+            return
+        try:
+            self._replayer.feed(self.path, ((0, e) for e in batch.events), None, None)
+        except errors.ReplayDivergence as e:
+            raise errors.EventLogError(
+                f"the event log's machine refuses an event the agent accepted ({e}); open the "
+                "log with the agent's machine_spec"
+            ) from e
+
+    def _append(self, data: bytes) -> None:
+        fd = self._fd
+        if fd is None:
+            raise errors.EventLogError(f"event log {self.path} is closed")
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fdatasync(fd)
+        self._size += len(data)
+
+    # --- rotation ------------------------------------------------------------------------
+
+    async def _rotate(self) -> None:
+        assert self._replayer is not None
+        base = snapshot.build(self.last_seq, self._replayer.views().values(), self._replayer.causes)
+        try:
+            await anyio.to_thread.run_sync(self._rotate_files, base)
+        except Exception as e:  # noqa: BLE001 (any failure: the log is readable, this writer stops)
+            # The batch itself is durable; a failed rotation leaves a readable log (module
+            # doc), but this writer's file handle may no longer be the log's: stop here.
+            self._failed = e
+            _log.exception("event log %s: rotation failed", self.path)
+            return
+        self.rotations += 1
+
+    def _rotate_files(self, base: snapshot.Snapshot) -> None:
+        written = write_snapshot_step(self.path, base)
+        header = switch_segment_step(self.path, base.seq, written.name)
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._size = len(header)
+        remove_stale_step(self.path, keep=written.name)
+
+
+# --- the rotation steps (separate so tests can stop between any two) -----------------------
+
+
+def write_snapshot_step(log: Path, base: snapshot.Snapshot) -> Path:
+    """Rotation step 1: the snapshot, atomically."""
+    return snapshot.write(log, base)
+
+
+def switch_segment_step(log: Path, base_seq: int, snapshot_name: str) -> bytes:
+    """Rotation step 2: replace the segment with one continuing the snapshot (atomic)."""
+    header = (format.Header(format.VERSION, base_seq, snapshot_name).to_json() + "\n").encode()
+    _atomic.write_atomically(log, header, default_mode=0o600)
+    return header
+
+
+def remove_stale_step(log: Path, *, keep: str | None) -> None:
+    """Rotation step 3: remove snapshots and temp files not in use."""
+    _remove_stale(log, keep=keep)
+
+
+def _remove_stale(log: Path, *, keep: str | None) -> None:
+    """Remove snapshots other than ``keep`` and temp files (rotation, and on open)."""
+    for stale in log.parent.glob(f"{log.name}.snapshot-*.json"):
+        if stale.name != keep:
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+    for temp in log.parent.glob(f".{log.name}*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            temp.unlink()
+
+
+def _tracker(contents: reader.LogContents, spec: machine.MachineSpec | None) -> replayer.Replayer:
+    """The writer's machine copy, brought up to the log's last event."""
+    tracker = replayer.Replayer(spec)
+    if contents.snapshot is not None:
+        tracker.load(contents.snapshot)
+    tracker.feed(contents.path, enumerate(contents.records, start=2), None, None)
+    return tracker
+
+
+def _prepare(path: Path) -> reader.LogContents:
+    """Create, repair (torn tail) and clean up the log at ``path``; what it holds."""
+    if not path.exists() or path.stat().st_size == 0:
+        return _create(path)
+    contents = reader.read_log(path)
+    if contents.valid_bytes == 0:
+        # The header itself was torn: nothing was ever logged.
+        fresh = _create(path)
+        return reader.LogContents(
+            path, fresh.header, None, [], contents.torn_tail, fresh.valid_bytes
+        )
+    if contents.torn_tail is not None:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, contents.valid_bytes)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    _remove_stale(path, keep=contents.header.snapshot)
+    return contents
+
+
+def _create(path: Path) -> reader.LogContents:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = format.Header(format.VERSION)
+    data = (header.to_json() + "\n").encode()
+    _atomic.write_atomically(path, data, default_mode=0o600)
+    _remove_stale(path, keep=None)
+    return reader.LogContents(path, header, None, [], None, len(data))

@@ -1,0 +1,16 @@
+"""The standalone agent process (``substrate-gpu agent``).
+
+Where things live: :mod:`.config` is the process's configuration as a value;
+:mod:`.protocol` the JSON-lines request/response protocol (pure); :mod:`.wiring` builds the
+production collaborators (runsc driver, fd probe, GPU injector, metrics); :mod:`.recovery`
+opens the event log, recovering from it first; :mod:`.server` runs it all (Unix socket,
+stdin, signals, drain). ``agent --demo``'s simulated node and scripted workload live in
+:mod:`substrate_gpu.demo`. See ``docs/agent.md``.
+"""
+
+from __future__ import annotations
+
+from substrate_gpu.service.config import AgentConfig
+from substrate_gpu.service.server import AgentService, Components, Running, run, running_agent
+
+__all__ = ["AgentConfig", "AgentService", "Components", "Running", "run", "running_agent"]

@@ -1,0 +1,49 @@
+"""What one agent process is configured with (``substrate-gpu agent`` flags, as a value)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from substrate_gpu.injection import toolkit
+from substrate_gpu.observability.http import DEFAULT_HOST
+
+DEFAULT_RUNSC_ROOT: Final = Path("/var/run/runsc")
+DEFAULT_CHECKPOINT_ROOT: Final = Path("/var/lib/substrate-gpu/checkpoints")
+DEFAULT_CDI_OUTPUT_DIR: Final = Path("/var/run/cdi")
+DEFAULT_DRAIN_TIMEOUT: Final = 30.0
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything the standalone agent needs to wire itself."""
+
+    event_log: Path | None = None
+    """The event log (created when absent, recovered and resumed when present)."""
+    socket: Path | None = None
+    """The Unix socket requests arrive on (mode 0600)."""
+    stdin: bool = False
+    """Also read requests from stdin (acknowledgements on stdout)."""
+    metrics_host: str = DEFAULT_HOST
+    """Where the metrics endpoint listens."""
+    metrics_port: int = 0
+    """The metrics port; 0 turns the endpoint off."""
+    runsc: str = "runsc"
+    """The runsc executable."""
+    runsc_root: Path = DEFAULT_RUNSC_ROOT
+    """runsc's ``--root`` state directory."""
+    driver_root: Path = toolkit.DEFAULT_DRIVER_ROOT
+    """The NVIDIA driver root (``ATE_NVIDIA_DRIVER_ROOT``)."""
+    toolkit_dir: Path = toolkit.DEFAULT_TOOLKIT_DIR
+    """The mounted NVIDIA toolkit (nvidia-ctk, nvidia-cdi-hook)."""
+    cdi_output_dir: Path = DEFAULT_CDI_OUTPUT_DIR
+    """Where the worker's CDI spec is generated."""
+    dev_root: Path = Path("/")
+    """Host-root prefix for stat-ing device nodes."""
+    checkpoint_root: Path = DEFAULT_CHECKPOINT_ROOT
+    """Checkpoint images go to ``<checkpoint_root>/<actor>/<seq>``."""
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    """On SIGTERM/SIGINT: seconds to let running effects finish before closing."""
+    extra_env: tuple[tuple[str, str], ...] = ()
+    """Environment added to nvidia-ctk's (the demo's simulated node knobs)."""

@@ -1,0 +1,172 @@
+"""Building the agent's collaborators from an :class:`AgentConfig`.
+
+The production pieces, exactly as the integration tests wire them: the runsc driver
+(:class:`RunscDriver`), the fd-scanning CUDA probe, the worker's GPU injector generating its
+CDI spec with nvidia-ctk once, and :class:`AgentMetrics` in a registry of its own.
+
+Two small adapters live here because they are the agent's business, not the lifecycle's:
+
+- :class:`SeqTap` sits in front of the event log and remembers, per task, the ``seq`` of
+  the event the task's ``submit`` just recorded, so an acknowledgement can say where the
+  event sits in the log. (``Agent.submit`` returns the transition, not the stamped event.)
+  It forwards refusals (``record_rejected``) too, so the log still records them.
+- :class:`LifecycleMetricsBridge` translates the lifecycle's vocabulary (effect names such
+  as ``create``, outcome event types such as ``sandbox_created``, refusal codes such as
+  ``live_context_probed``) into :class:`AgentMetrics`' bounded label sets
+  (``runsc_create``, ``ok``, ``live_cuda_context``), so nothing lands in ``"other"``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from prometheus_client import CollectorRegistry
+
+from substrate_gpu.injection import bundle as bundle_
+from substrate_gpu.injection import toolkit
+from substrate_gpu.injection.injector import WorkerGpuInjector
+from substrate_gpu.lifecycle import events, hooks, machine, pipeline
+from substrate_gpu.observability import AgentMetrics
+from substrate_gpu.probes.fd_scan import FdScanProbe
+from substrate_gpu.runsc import driver
+from substrate_gpu.service.config import AgentConfig
+
+#: Lifecycle effect name -> AgentMetrics effect label.
+EFFECT_LABELS: Final[Mapping[str, str]] = {
+    "inject": "inject_gpu",
+    "create": "runsc_create",
+    "start": "runsc_start",
+    "checkpoint": "runsc_checkpoint",
+    "restore": "runsc_restore",
+    "delete": "runsc_delete",
+}
+
+#: Outcome event type -> AgentMetrics outcome label (anything else is ``error``).
+OUTCOME_LABELS: Final[Mapping[str, str]] = {
+    "gpu_injected": "ok",
+    "sandbox_created": "ok",
+    "sandbox_started": "ok",
+    "checkpoint_written": "ok",
+    "restored": "ok",
+    "deleted": "ok",
+    "checkpoint_refused": "refused",
+    "effect_timed_out": "timeout",
+}
+
+#: Refusals the agent decided itself (a live context seen by the machine or the probe).
+AGENT_REFUSALS: Final[Mapping[str, str]] = {
+    events.REFUSED_LIVE_CONTEXT_OBSERVED: "live_cuda_context",
+    events.REFUSED_LIVE_CONTEXT_PROBED: "live_cuda_context",
+}
+
+#: Refusals runsc itself made after the agent attempted the checkpoint.
+RUNTIME_REFUSALS: Final[Mapping[str, str]] = {
+    events.REFUSED_LIVE_NVPROXY_CLIENTS: "live_nvproxy_clients",
+    events.REFUSED_NOT_RESTORABLE: "object_not_restorable",
+}
+
+_recorded_seq: contextvars.ContextVar[int] = contextvars.ContextVar("recorded_seq", default=0)
+
+
+class SeqTap:
+    """An :class:`EventRecorder` that notes each recorded ``seq`` for the recording task."""
+
+    def __init__(self, inner: hooks.EventRecorder | None) -> None:
+        self._inner = inner
+        self.last_seq = 0
+        """The last seq recorded by any task."""
+
+    async def record(self, event: events.Event) -> None:
+        """Note the seq (synchronously), then hand the event to the real recorder."""
+        _recorded_seq.set(event.seq)
+        self.last_seq = max(self.last_seq, event.seq)
+        if self._inner is not None:
+            await self._inner.record(event)
+
+    async def record_rejected(self, event: events.Event, state: str, problem: str) -> None:
+        """Forward a refusal to the real recorder when it logs refusals (the event log)."""
+        inner: object = self._inner
+        if isinstance(inner, pipeline.RejectionRecorder):
+            await inner.record_rejected(event, state, problem)
+
+    @staticmethod
+    def seq_of_last_submit() -> int:
+        """The seq recorded by the calling task's most recent ``Agent.submit``."""
+        return _recorded_seq.get()
+
+
+class LifecycleMetricsBridge:
+    """:class:`LifecycleMetrics` on top of :class:`AgentMetrics` (see the module doc)."""
+
+    def __init__(self, metrics: AgentMetrics) -> None:
+        self.metrics = metrics
+
+    def transition(self, source: str, dest: str, trigger: str) -> None:
+        self.metrics.transition(source, dest, trigger)
+
+    def checkpoint_refused(self, reason: str) -> None:
+        if reason in RUNTIME_REFUSALS:
+            self.metrics.checkpoint_failed(RUNTIME_REFUSALS[reason])
+        else:
+            self.metrics.checkpoint_refused(AGENT_REFUSALS.get(reason, reason))
+
+    def effect_finished(self, effect: str, outcome: str, seconds: float) -> None:
+        label = OUTCOME_LABELS.get(outcome, "error")
+        self.metrics.effect_finished(EFFECT_LABELS.get(effect, effect), label, seconds)
+        if outcome == "checkpoint_failed":
+            self.metrics.checkpoint_failed("runtime_error")
+
+    def devices_injected(self, count: int) -> None:
+        self.metrics.devices_injected(count)
+
+    def queue_depth(self, depth: int) -> None:
+        self.metrics.queue_depth(depth)
+
+
+def agent_metrics(
+    registry: CollectorRegistry,
+    spec: machine.MachineSpec,
+    actor_states: Callable[[], Mapping[str, int]],
+) -> AgentMetrics:
+    """AgentMetrics labelled with ``spec``'s states, triggers and transitions (all at 0)."""
+    triples = {
+        (source, t.dest_from(source), t.trigger) for t in spec.transitions for source in t.sources
+    }
+    return AgentMetrics(
+        registry,
+        actor_states=actor_states,
+        states=spec.state_names,
+        triggers={t.trigger for t in spec.transitions},
+        transitions=sorted(triples),
+    )
+
+
+@dataclass(frozen=True)
+class Collaborators:
+    """What an Agent is built from."""
+
+    runtime: driver.RunscDriver
+    probe: FdScanProbe
+    injector: WorkerGpuInjector
+
+
+def build_collaborators(config: AgentConfig) -> Collaborators:
+    """The production runsc driver, fd probe and GPU injector for ``config``."""
+    runtime = driver.RunscDriver(driver.RunscConfig(root=config.runsc_root, runsc=config.runsc))
+    env = {**os.environ, toolkit.ENV_DRIVER_ROOT: str(config.driver_root), **dict(config.extra_env)}
+    generation = toolkit.ToolkitConfig.from_env(
+        env, output_dir=config.cdi_output_dir, toolkit_dir=config.toolkit_dir
+    )
+    injector = WorkerGpuInjector(
+        generator=toolkit.CdiSpecGenerator(generation),
+        options=bundle_.InjectionOptions(
+            driver_root=str(config.driver_root),
+            dev_root=config.dev_root,
+            toolkit_dir=config.toolkit_dir,
+        ),
+    )
+    return Collaborators(runtime=runtime, probe=FdScanProbe(), injector=injector)

@@ -1,0 +1,93 @@
+"""``substrate-gpu demo``: the README's main command, end to end on real runc."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import time
+
+import pytest
+
+from substrate_gpu import demo
+from substrate_gpu.eventlog import replay
+
+pytestmark = pytest.mark.runc
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory, runc_path: str):
+    """One demo run (real runc), its output and how long it took."""
+    out = io.StringIO()
+    started = time.monotonic()
+    result = demo.main(tmp_path_factory.mktemp("demo"), out)
+    return result, out.getvalue(), time.monotonic() - started
+
+
+def test_it_runs_on_real_runc_and_says_so(ran):
+    """As root with runc, the runtime is the runsc stand-in over real runc, and it is printed."""
+    result, output, _ = ran
+    assert result.runtime == "runc"
+    assert "runtime: runsc driver -> runsc stand-in -> real runc" in output
+
+
+def test_suspend_is_refused_while_the_context_is_live(ran):
+    """gpu-trainer's first suspend is refused by the probe; the actor keeps running."""
+    result, output, _ = ran
+    (refusal,) = result.refusals
+    assert refusal.actor_id == "gpu-trainer"
+    assert "live_context_probed" in (refusal.reason or "") or "live" in (refusal.reason or "")
+    assert "checkpoint_refused" in output
+
+
+def test_suspend_is_accepted_after_the_context_closes(ran):
+    """After the workload closes /dev/nvidia0, the same actor is checkpointed and suspended."""
+    result, _, _ = ran
+    trainer = [t for t in result.transitions if t.actor_id == "gpu-trainer"]
+    refused_at = next(i for i, t in enumerate(trainer) if t.trigger == "checkpoint_refused")
+    after = [(t.source, t.dest) for t in trainer[refused_at:]]
+    assert ("checkpointing", "suspended") in after
+    assert ("restoring", "running") in after
+
+
+def test_every_actor_lives_its_whole_life(ran):
+    """GPU actors are injected, the CPU actor is not; all end deleted."""
+    result, _, _ = ran
+    assert dict(result.final_states) == {
+        "gpu-trainer": "deleted",
+        "gpu-notebook": "deleted",
+        "cpu-sandbox": "deleted",
+    }
+    injected = {t.actor_id for t in result.transitions if t.trigger == "gpu_injected"}
+    assert injected == {"gpu-trainer", "gpu-notebook"}
+
+
+def test_replaying_the_log_gives_the_same_final_states(ran):
+    """The event log left behind replays to exactly the live final states."""
+    result, output, _ = ran
+    assert result.event_log.is_file()
+    states = {a: v.state for a, v in replay(result.event_log).actors.items()}
+    assert states == dict(result.final_states) == dict(result.replayed_states)
+    assert f"substrate-gpu replay {result.event_log}" in output
+    assert "same final states" in output
+
+
+def test_it_finishes_well_under_a_minute(ran):
+    """The whole demo stays fast enough to be the README's first command."""
+    _, _, seconds = ran
+    assert seconds < 40
+
+
+def test_the_cli_runs_it_and_keeps_the_workdir(tmp_path, runc_path):
+    """``substrate-gpu demo --workdir DIR`` exits 0 and leaves the log and node in DIR."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "substrate_gpu", "demo", "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert (tmp_path / "events.jsonl").is_file()
+    assert (tmp_path / "node" / "dev" / "nvidia0").exists()
+    assert "same final states" in completed.stdout

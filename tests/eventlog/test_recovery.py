@@ -1,0 +1,344 @@
+"""Recovery: actors resume where the log left them; interrupted effects are reconciled by
+asking the runtime, never blindly re-run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+from lifecycle.doubles import FakeInjector, FakeProbe, FakeRuntime, _Container
+from lifecycle.factories import bring_to_running
+
+from substrate_gpu import eventlog
+from substrate_gpu.eventlog import EventLog, read_log, recover, replay
+from substrate_gpu.eventlog.recovery import INTERRUPTED
+from substrate_gpu.lifecycle import Agent, events
+from substrate_gpu.lifecycle.actors import ActorView
+
+pytestmark = pytest.mark.anyio
+
+#: The runtime call each in-flight state's effect blocks in, to crash the agent there.
+HANG = {
+    "creating": "create",
+    "starting": "start",
+    "checkpointing": "checkpoint",
+    "restoring": "restore",
+    "deleting": "delete",
+}
+
+
+def _agent(
+    runtime: FakeRuntime, injector: FakeInjector, tmp: Path, log: EventLog, **kw: object
+) -> Agent:
+    return Agent(
+        runtime=runtime,
+        probe=FakeProbe(runtime),
+        injector=injector,
+        checkpoint_root=tmp / "checkpoints",
+        recorder=log,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def _crash_in(
+    state: str, path: Path, tmp: Path, runtime: FakeRuntime, injector: FakeInjector
+) -> None:
+    """Run actor 'a' (GPU) until its effect for ``state`` is in flight, then stop the agent
+    there (its effect cancelled mid-way, as a crash would leave it)."""
+    async with await EventLog.open(path) as log, _agent(runtime, injector, tmp, log) as agent:
+        if state == "injecting":
+            injector.hang = True
+            await agent.submit(events.ActorRegistered(actor_id="a", gpu=True, bundle="/b/a"))
+            await agent.submit(events.BundlePrepared(actor_id="a", bundle="/b/a"))
+            await agent.submit(events.RunRequested(actor_id="a"))
+        elif state in {"creating", "starting"}:
+            runtime.hang.add(HANG[state])
+            await agent.submit(events.ActorRegistered(actor_id="a", gpu=True, bundle="/b/a"))
+            await agent.submit(events.BundlePrepared(actor_id="a", bundle="/b/a"))
+            await agent.submit(events.RunRequested(actor_id="a"))
+        else:
+            await bring_to_running(agent, "a")
+            if state == "restoring":
+                await agent.submit(events.SuspendRequested(actor_id="a"))
+                await agent.wait_for_state("a", "suspended", timeout=5)
+            runtime.hang.add(HANG[state])
+            trigger = {
+                "checkpointing": events.SuspendRequested,
+                "restoring": events.RestoreRequested,
+                "deleting": events.DeleteRequested,
+            }[state]
+            await agent.submit(trigger(actor_id="a"))
+        await agent.wait_for_state("a", state, timeout=5)
+        await anyio.sleep(0.01)  # the effect reaches its runtime call
+    runtime.hang.clear()
+    injector.hang = False
+
+
+def _world(runtime: FakeRuntime, status: str | None) -> None:
+    """Set what the runtime holds for actor 'a' after the crash."""
+    if status is None:
+        runtime.containers.pop("a", None)
+    else:
+        runtime.containers["a"] = _Container(
+            status, 4242 if status == "running" else 0, "/b/a", True
+        )  # type: ignore[arg-type]
+
+
+CASES = [
+    # state, runtime status, whole image, outcome (None: rerun), state after the outcome, final, runtime calls after recovery
+    pytest.param(
+        "injecting",
+        None,
+        False,
+        None,
+        "injecting",
+        "running",
+        ["create", "start"],
+        id="injecting-reruns-idempotent-inject",
+    ),
+    pytest.param(
+        "creating",
+        "created",
+        False,
+        "sandbox_created",
+        "starting",
+        "running",
+        ["start"],
+        id="creating+created-continues-with-start",
+    ),
+    pytest.param(
+        "creating",
+        None,
+        False,
+        "effect_failed",
+        "failed",
+        "failed",
+        [],
+        id="creating+missing-fails",
+    ),
+    pytest.param(
+        "creating",
+        "stopped",
+        False,
+        "effect_failed",
+        "failed",
+        "failed",
+        ["delete"],
+        id="creating+stopped-deletes-and-fails",
+    ),
+    pytest.param(
+        "starting",
+        "running",
+        False,
+        "sandbox_started",
+        "running",
+        "running",
+        [],
+        id="starting+running-started",
+    ),
+    pytest.param(
+        "starting",
+        "created",
+        False,
+        None,
+        "starting",
+        "running",
+        ["start"],
+        id="starting+created-reruns-start",
+    ),
+    pytest.param(
+        "starting",
+        None,
+        False,
+        "effect_failed",
+        "failed",
+        "failed",
+        [],
+        id="starting+missing-fails",
+    ),
+    pytest.param(
+        "checkpointing",
+        "running",
+        True,
+        "checkpoint_failed",
+        "running",
+        "running",
+        [],
+        id="checkpointing+running-survives-even-with-image",
+    ),
+    pytest.param(
+        "checkpointing",
+        "stopped",
+        True,
+        "checkpoint_written",
+        "suspended",
+        "suspended",
+        ["delete"],
+        id="checkpointing+gone+whole-image-written",
+    ),
+    pytest.param(
+        "checkpointing",
+        None,
+        False,
+        "checkpoint_failed",
+        "stopped",
+        "stopped",
+        [],
+        id="checkpointing+gone+no-image-stopped",
+    ),
+    pytest.param(
+        "restoring",
+        "running",
+        False,
+        "restored",
+        "running",
+        "running",
+        [],
+        id="restoring+running-restored",
+    ),
+    pytest.param(
+        "restoring",
+        None,
+        False,
+        "restore_failed",
+        "suspended",
+        "suspended",
+        [],
+        id="restoring+missing-stays-suspended",
+    ),
+    pytest.param(
+        "restoring",
+        "created",
+        False,
+        "restore_failed",
+        "suspended",
+        "suspended",
+        ["delete"],
+        id="restoring+created-deletes-and-fails",
+    ),
+    pytest.param(
+        "deleting",
+        "running",
+        False,
+        None,
+        "deleting",
+        "deleted",
+        ["delete"],
+        id="deleting+exists-reruns-delete",
+    ),
+    pytest.param(
+        "deleting", None, False, "deleted", "deleted", "deleted", [], id="deleting+missing-deleted"
+    ),
+]
+
+
+@pytest.mark.parametrize(("state", "status", "whole", "outcome", "after", "final", "calls"), CASES)
+async def test_an_interrupted_effect_is_reconciled_with_the_runtime(
+    state: str,
+    status: str | None,
+    whole: bool,
+    outcome: str | None,
+    after: str,
+    final: str,
+    calls: list[str],
+    log_path: Path,
+    tmp_path: Path,
+    runtime: FakeRuntime,
+    injector: FakeInjector,
+) -> None:
+    """The rule table of docs/event-log.md: each crash point lands where the runtime says,
+    the outcome is logged, and only the effects the rule names run afterwards."""
+    await _crash_in(state, log_path, tmp_path, runtime, injector)
+    assert replay(log_path).actors["a"].state == state
+    _world(runtime, status)
+    if whole:
+        cause = replay(log_path).causes["a"]
+        image = tmp_path / "checkpoints" / "a" / str(cause.seq)
+        image.mkdir(parents=True, exist_ok=True)
+        (image / "checkpoint.img").write_text("image")
+    runtime.calls.clear()
+    injected_before = len(injector.calls)
+
+    recovery = await recover(log_path, runtime=runtime, checkpoint_root=tmp_path / "checkpoints")
+
+    assert [r.decision.outcome.type if r.decision.outcome else None for r in recovery.report] == [
+        outcome
+    ]
+    assert recovery.actors["a"].state == after
+    assert recovery.rerun == (() if outcome else ("a",))
+    async with (
+        await EventLog.open(log_path) as log,
+        _agent(runtime, injector, tmp_path, log, resume=recovery.resume) as agent,
+    ):
+        await agent.settle()
+        assert agent.state_of("a") == final
+    assert [c[0] for c in runtime.calls if c[0] not in {"state", "features"}] == calls
+    if state == "injecting":
+        assert len(injector.calls) == injected_before + 1
+    logged = read_log(log_path).events
+    if outcome is not None:
+        reconciled = next(e for e in logged if e.seq == recovery.last_seq + 1)
+        assert reconciled.type == outcome
+        if "failed" in outcome:
+            assert INTERRUPTED in reconciled.describe()
+    # The log now says where every actor is: a second recovery has nothing to reconcile.
+    assert replay(log_path).actors["a"].state == final
+    again = await recover(log_path, runtime=runtime, checkpoint_root=tmp_path / "checkpoints")
+    assert again.report == ()
+
+
+async def test_an_unreadable_runtime_state_is_the_effects_failure(
+    log_path: Path, tmp_path: Path, runtime: FakeRuntime, injector: FakeInjector
+) -> None:
+    """When runsc state itself fails, nothing is assumed: the effect failed, recoverably."""
+    await _crash_in("starting", log_path, tmp_path, runtime, injector)
+    runtime.fail["state"] = "runsc: permission denied"
+    recovery = await recover(log_path, runtime=runtime, checkpoint_root=tmp_path)
+    (line,) = recovery.report
+    assert line.runtime.startswith("unreadable")
+    assert recovery.actors["a"].state == "failed"
+    assert "could not be read" in (recovery.actors["a"].reason or "")
+
+
+async def test_actors_at_rest_resume_untouched_and_seq_continues(
+    log_path: Path, tmp_path: Path, runtime: FakeRuntime, injector: FakeInjector
+) -> None:
+    """No in-flight actor: nothing is asked of the runtime; new events follow the last seq."""
+    async with (
+        await EventLog.open(log_path) as log,
+        _agent(runtime, injector, tmp_path, log) as agent,
+    ):
+        await bring_to_running(agent, "a")
+        await bring_to_running(agent, "b", gpu=False)
+    runtime.calls.clear()
+    recovery = await recover(log_path, runtime=runtime, checkpoint_root=tmp_path)
+    assert recovery.report == () and runtime.calls == []
+    assert {a: v.state for a, v in recovery.actors.items()} == {"a": "running", "b": "running"}
+    async with (
+        await EventLog.open(log_path) as log,
+        _agent(runtime, injector, tmp_path, log, resume=recovery.resume) as agent,
+    ):
+        await agent.submit(events.SuspendRequested(actor_id="b"))
+        await agent.wait_for_state("b", "suspended", timeout=5)
+    seqs = [e.seq for e in read_log(log_path).events]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert replay(log_path).actors["b"].state == "suspended"
+
+
+@pytest.mark.parametrize(
+    ("effect", "status", "expected"),
+    [
+        ("create", "creating", "effect_failed"),
+        ("start", "stopped", "effect_failed"),
+        ("start", "paused", "sandbox_started"),
+        ("checkpoint", "paused", "checkpoint_failed"),
+        ("restore", "paused", "restored"),
+        ("restore", "stopped", "restore_failed"),
+    ],
+)
+def test_decide_covers_the_other_runtime_statuses(effect: str, status: str, expected: str) -> None:
+    """The pure rule function, for statuses the crash tests do not reach."""
+    view = ActorView("a", "x", True, "/b", "/ck/1", 0, True, None)
+    decision = eventlog.decide(view, effect, status)  # type: ignore[arg-type]
+    assert decision.outcome is not None and decision.outcome.type == expected

@@ -1,0 +1,1 @@
+"""Scenario tests of GPU-aware suspend through the lifecycle (issue 7)."""

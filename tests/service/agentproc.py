@@ -1,0 +1,176 @@
+"""Running ``substrate-gpu agent`` as a real process and talking to it over its socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def event(kind: str, actor_id: str, **fields: Any) -> dict[str, Any]:
+    """A request: an event's JSON form without seq."""
+    return {"type": kind, "v": 1, "actor_id": actor_id, **fields}
+
+
+def register(actor_id: str, *, gpu: bool = False, bundle: str = "/nonexistent") -> dict[str, Any]:
+    return event("actor_registered", actor_id, gpu=gpu, bundle=bundle)
+
+
+class AgentProcess:
+    """``python -m substrate_gpu agent …`` with its stderr in a file."""
+
+    def __init__(
+        self, tmp: Path, *args: str, stdin: bool = False, env: dict[str, str] | None = None
+    ) -> None:
+        self.tmp = tmp
+        self.socket = tmp / "agent.sock"
+        self.log = tmp / "events.jsonl"
+        self.stderr_path = tmp / f"agent-{time.monotonic_ns()}.stderr"
+        self._stderr = self.stderr_path.open("w")
+        argv = [sys.executable, "-m", "substrate_gpu", "--log-level", "INFO", "agent", *args]
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stderr=self._stderr,
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
+        )
+
+    @classmethod
+    def on_socket(cls, tmp: Path, *extra: str, **kwargs: Any) -> AgentProcess:
+        """An agent serving ``tmp/agent.sock`` with its log at ``tmp/events.jsonl``."""
+        agent = cls(
+            tmp,
+            "--socket",
+            str(tmp / "agent.sock"),
+            "--event-log",
+            str(tmp / "events.jsonl"),
+            "--checkpoint-root",
+            str(tmp / "checkpoints"),
+            "--runsc-root",
+            str(tmp / "runsc-root"),
+            "--runsc",
+            str(tmp / "no-runsc-here"),
+            "--metrics-port",
+            "0",
+            *extra,
+            **kwargs,
+        )
+        agent.wait_for_socket()
+        return agent
+
+    def stderr(self) -> str:
+        if not self._stderr.closed:
+            self._stderr.flush()
+        return self.stderr_path.read_text()
+
+    def communicate(self, data: bytes, timeout: float = 30) -> bytes:
+        """Feed stdin, wait for exit; stdout."""
+        try:
+            out, _ = self.process.communicate(data, timeout=timeout)
+        finally:
+            self._stderr.close()
+        return out
+
+    def wait(self, timeout: float = 30) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        finally:
+            self._stderr.close()
+
+    def wait_for_socket(self, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                message = f"agent exited {self.process.returncode}: {self.stderr()}"
+                self._stderr.close()
+                raise AssertionError(message)
+            if self.socket.exists():
+                try:
+                    with socket.socket(socket.AF_UNIX) as s:
+                        s.connect(str(self.socket))
+                    return
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        message = f"agent socket never appeared: {self.stderr()}"
+        self.kill()
+        raise AssertionError(message)
+
+    def client(self) -> Client:
+        return Client(self.socket)
+
+    def terminate(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=timeout)
+        finally:
+            self._stderr.close()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._stderr.close()
+
+
+class Client:
+    """A blocking JSON-lines client of the agent's socket."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(20)
+        self.sock.connect(str(path))
+        self.file = self.sock.makefile("rwb")
+
+    def send_raw(self, line: bytes) -> None:
+        self.file.write(line)
+        self.file.flush()
+
+    def receive(self) -> dict[str, Any]:
+        line = self.file.readline()
+        assert line, "agent closed the connection"
+        body: dict[str, Any] = json.loads(line)
+        return body
+
+    def request(self, body: dict[str, Any] | bytes) -> dict[str, Any]:
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_raw(raw + b"\n")
+        return self.receive()
+
+    def requests(self, bodies: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Pipelined: all lines first, then all responses."""
+        bodies = list(bodies)
+        self.send_raw(b"".join(json.dumps(b).encode() + b"\n" for b in bodies))
+        return [self.receive() for _ in bodies]
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def logged_events(path: Path) -> list[dict[str, Any]]:
+    """The event lines of a log (header and other record kinds skipped)."""
+    out = []
+    for line in path.read_text().splitlines():
+        body = json.loads(line)
+        if "seq" in body and "actor_id" in body:
+            out.append(body)
+    return out

@@ -1,0 +1,165 @@
+"""The agent's JSON-lines protocol: request parsing and response shapes (pure functions)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from substrate_gpu.lifecycle import Transition, errors, events
+from substrate_gpu.service import protocol
+
+VALID = {"type": "actor_registered", "v": 1, "actor_id": "a1", "gpu": True, "bundle": "/b/a1"}
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [
+        pytest.param(b"{not json", "malformed", id="invalid-json"),
+        pytest.param(b"\xff\xfe", "malformed", id="not-utf8"),
+        pytest.param(b"[1, 2]", "malformed", id="array-not-object"),
+        pytest.param(b'"actor_registered"', "malformed", id="string-not-object"),
+        pytest.param(b'{"v": 1, "actor_id": "a1"}', "schema", id="no-type"),
+        pytest.param(
+            b'{"type": "launch_rockets", "v": 1, "actor_id": "a1"}', "schema", id="unknown-type"
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 2, "actor_id": "a1"}', "schema", id="unknown-version"
+        ),
+        pytest.param(b'{"type": "run_requested", "actor_id": "a1"}', "schema", id="no-version"),
+        pytest.param(
+            b'{"type": "actor_registered", "v": 1, "actor_id": "a1", "gpu": true}',
+            "schema",
+            id="missing-field",
+        ),
+        pytest.param(
+            b'{"type": "actor_registered", "v": 1, "actor_id": "a1", "gpu": "yes", "bundle": "/b"}',
+            "schema",
+            id="wrong-field-type",
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "a1", "extra": 1}',
+            "schema",
+            id="unknown-field",
+        ),
+        pytest.param(b'{"type": "run_requested", "v": 1}', "schema", id="no-actor"),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": ""}', "schema", id="empty-actor"
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "a1", "seq": 7}',
+            "schema",
+            id="client-seq",
+        ),
+        pytest.param(
+            b'{"type": "sandbox_created", "v": 1, "actor_id": "a1"}',
+            "not_external",
+            id="outcome-event",
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "../../etc"}',
+            "schema",
+            id="actor-id-path",
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "a/b"}', "schema", id="actor-id-slash"
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": ".."}', "schema", id="actor-id-dotdot"
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "' + b"a" * 129 + b'"}',
+            "schema",
+            id="actor-id-too-long",
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "a1", "at": NaN}', "schema", id="at-nan"
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "a1", "at": Infinity}',
+            "schema",
+            id="at-infinite",
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "a1", "at": 1' + b"0" * 400 + b"}",
+            "schema",
+            id="at-overflows-float",
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "a1", "at": 1' + b"0" * 5000 + b"}",
+            "malformed",
+            id="int-too-long-for-json",
+        ),
+    ],
+)
+def test_bad_requests_are_classified_never_raised(line: bytes, kind: str) -> None:
+    """Every malformed request becomes a RequestError of the right kind."""
+    parsed = protocol.parse_request(line)
+    assert isinstance(parsed, protocol.RequestError)
+    assert parsed.kind == kind
+    assert parsed.message
+
+
+def test_a_valid_request_is_the_event() -> None:
+    """A request is an event's JSON form without seq; at defaults to now."""
+    parsed = protocol.parse_request(json.dumps(VALID).encode())
+    assert isinstance(parsed, events.ActorRegistered)
+    assert (parsed.actor_id, parsed.gpu, parsed.bundle, parsed.seq) == ("a1", True, "/b/a1", 0)
+
+
+def test_errors_name_the_actor_when_the_line_did() -> None:
+    """A schema error keeps the actor id so the client can match it."""
+    parsed = protocol.parse_request(b'{"type": "run_requested", "v": 9, "actor_id": "a7"}')
+    assert isinstance(parsed, protocol.RequestError)
+    assert parsed.actor_id == "a7"
+
+
+def test_ack_shape() -> None:
+    """An ack carries ok, seq, actor, event, from, state (and reason when there is one)."""
+    t = Transition(
+        "a1", "running", "running", "suspend_requested", "suspend_requested", 1.0, "live"
+    )
+    body = json.loads(protocol.ack(12, t))
+    assert body == {
+        "ok": True,
+        "seq": 12,
+        "actor_id": "a1",
+        "event": "suspend_requested",
+        "from": "running",
+        "state": "running",
+        "reason": "live",
+    }
+    assert protocol.ack(1, t).endswith(b"\n") and protocol.ack(1, t).count(b"\n") == 1
+
+
+def test_refusal_shape() -> None:
+    """An error carries ok=false, error, kind and the line number."""
+    body = json.loads(protocol.refusal(protocol.RequestError("malformed", "bad"), 3))
+    assert body == {"ok": False, "error": "bad", "kind": "malformed", "line": 3}
+
+
+@pytest.mark.parametrize(
+    ("problem", "kind"),
+    [
+        pytest.param(
+            "unknown actor (register it first with actor_registered)", "unknown_actor", id="unknown"
+        ),
+        pytest.param(
+            "not accepted in this state (accepted here: x)", "invalid_in_state", id="state"
+        ),
+    ],
+)
+def test_machine_refusals_are_classified(problem: str, kind: str) -> None:
+    """InvalidEvent maps to unknown_actor or invalid_in_state."""
+    error = protocol.classify_refusal(errors.InvalidEvent("a1", "new", "run_requested", problem))
+    assert error.kind == kind
+    assert error.actor_id == "a1"
+    assert "a1" in error.message
+
+
+def test_every_kind_has_a_bounded_rejection_reason() -> None:
+    """Each error kind maps to a reason AgentMetrics knows."""
+    from substrate_gpu.observability.metrics import EVENT_REJECTION_REASONS
+
+    assert set(protocol.REJECTION_REASONS) == protocol.ERROR_KINDS
+    assert set(protocol.REJECTION_REASONS.values()) <= EVENT_REJECTION_REASONS
