@@ -25,6 +25,8 @@ restoring       running, paused                        ``restored``
 restoring       missing, creating, created, stopped    delete leftover, ``restore_failed``
 deleting        missing                                ``deleted``
 deleting        exists                                 rerun ``delete`` (``--force``, idempotent)
+cuda_resuming   running, paused                        rerun ``cuda_resume`` (idempotent)
+cuda_resuming   gone                                   ``cuda_resume_failed``, sandbox lost
 any             state unreadable (runsc error)         the effect's failure outcome
 other effects   (not asked)                            ``effect_timed_out`` (accepted by every
                                                        in-flight state: failed, recoverable)
@@ -57,7 +59,9 @@ from substrate_gpu.lifecycle.agent import ResumePoint
 from substrate_gpu.runsc import api as runsc
 
 #: The effects :func:`decide` has rules for.
-_RULES = frozenset({"inject", "probe", "create", "start", "checkpoint", "restore", "delete"})
+_RULES = frozenset(
+    {"inject", "probe", "create", "start", "checkpoint", "restore", "delete", "cuda_resume"}
+)
 
 #: Why recovery produced an outcome (in every reconciliation outcome's message).
 INTERRUPTED = "interrupted by an agent restart"
@@ -167,6 +171,20 @@ def decide(
         return Decision("rerun", why="injection is idempotent")
     if effect == "probe":
         return Decision("rerun", why="probing for CUDA contexts only reads /proc")
+    if effect == "cuda_resume":
+        if alive:
+            return Decision(
+                "rerun", why="resuming CUDA processes is idempotent (each one's state is asked)"
+            )
+        return Decision(
+            "outcome",
+            events.CudaResumeFailed(
+                actor_id=actor_id,
+                message=f"{INTERRUPTED}: the sandbox is gone",
+                sandbox_survived=False,
+            ),
+            why="the sandbox is gone",
+        )
     if effect == "create":
         if status == "created":
             return Decision(

@@ -135,6 +135,8 @@ RUNTIME_EFFECTS: Final[frozenset[str]] = frozenset(
         "runsc_kill",
         "runsc_delete",
         "cuda_checkpoint",
+        "cuda_suspend",
+        "cuda_resume",
     }
 )
 """Effects timed in ``substrate_gpu_runtime_operation_duration_seconds`` (second buckets).
@@ -144,7 +146,23 @@ cover both scales, coarsely.
 """
 
 CHECKPOINT_REFUSAL_REASONS: Final[frozenset[str]] = frozenset(
-    {"live_cuda_context", "probe_failed", "cuda_checkpoint_unavailable", "not_running"}
+    {
+        "live_cuda_context",
+        "probe_failed",
+        "cuda_checkpoint_unavailable",
+        "not_running",
+        # GPU-aware suspend (docs/gpu-suspend.md): the pool's policy, a CUDA lock timeout, a
+        # suspend the exec'd cuda-checkpoint refused, and the driver preflight's codes.
+        "suspend_policy",
+        "cuda_lock_timeout",
+        "cuda_suspend_refused",
+        "driver-unreadable",
+        "driver-mismatch",
+        "driver-unsupported",
+        "driver-too-old",
+        "restore-other-driver",
+        "restore-fewer-gpus",
+    }
 )
 """Why the agent refused to checkpoint an actor (before calling runsc)."""
 

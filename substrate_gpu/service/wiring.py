@@ -43,6 +43,9 @@ EFFECT_LABELS: Final[Mapping[str, str]] = {
     "checkpoint": "runsc_checkpoint",
     "restore": "runsc_restore",
     "delete": "runsc_delete",
+    "probe": "probe_cuda_context",
+    "cuda_suspend": "cuda_suspend",
+    "cuda_resume": "cuda_resume",
 }
 
 #: Outcome event type -> AgentMetrics outcome label (anything else is ``error``).
@@ -55,12 +58,22 @@ OUTCOME_LABELS: Final[Mapping[str, str]] = {
     "deleted": "ok",
     "checkpoint_refused": "refused",
     "effect_timed_out": "timeout",
+    "no_live_context": "ok",
+    "live_context_found": "ok",
+    "cuda_suspended": "ok",
+    "cuda_resumed": "ok",
+    "cuda_suspend_refused": "refused",
+    "preflight_refused": "refused",
+    "restore_refused": "refused",
 }
 
 #: Refusals the agent decided itself (a live context seen by the machine or the probe).
 AGENT_REFUSALS: Final[Mapping[str, str]] = {
     events.REFUSED_LIVE_CONTEXT_OBSERVED: "live_cuda_context",
     events.REFUSED_LIVE_CONTEXT_PROBED: "live_cuda_context",
+    events.REFUSED_SUSPEND_POLICY: "suspend_policy",
+    events.REFUSED_CUDA_LOCK_TIMEOUT: "cuda_lock_timeout",
+    events.REFUSED_CUDA_SUSPEND: "cuda_suspend_refused",
 }
 
 #: Refusals runsc itself made after the agent attempted the checkpoint.

@@ -342,3 +342,18 @@ def test_decide_covers_the_other_runtime_statuses(effect: str, status: str, expe
     view = ActorView("a", "x", True, "/b", "/ck/1", 0, True, None)
     decision = eventlog.decide(view, effect, status)  # type: ignore[arg-type]
     assert decision.outcome is not None and decision.outcome.type == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "action", "outcome"),
+    [
+        pytest.param("running", "rerun", None, id="alive-rerun-resume"),
+        pytest.param("missing", "outcome", "cuda_resume_failed", id="gone-resume-failed"),
+    ],
+)
+def test_interrupted_cuda_resume_is_rerun_only_while_the_sandbox_lives(status, action, outcome):
+    """cuda_resume is idempotent: rerun it while the sandbox runs; else the resume failed."""
+    view = ActorView("a", "cuda_resuming", True, "/b", "/ck/1", 0, True, None, cuda_pids="7")
+    decision = eventlog.decide(view, "cuda_resume", status)
+    assert decision.action == action
+    assert (decision.outcome.type if decision.outcome else None) == outcome
