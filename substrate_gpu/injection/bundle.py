@@ -79,6 +79,37 @@ class InjectionReport:
     """Wall time of the injection."""
 
 
+class PlanCache:
+    """Remembers the last injection plan, so later actors on a worker skip re-planning.
+
+    The plan is a pure function of the edits, the resolved devices, the driver root and the
+    hook binary. The edits are compared by identity (the worker's parsed spec is shared and
+    immutable), the rest by value; device nodes are still resolved for every injection.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[object, ...] | None = None
+        self._edits: model.ContainerEdits | None = None
+        self._plan: oci.InjectionPlan | None = None
+
+    def plan(
+        self,
+        edits: model.ContainerEdits,
+        resolved: tuple[devices_.ResolvedDevice, ...],
+        *,
+        driver_root: str,
+        hook_binary: str,
+    ) -> oci.InjectionPlan:
+        """The plan for these inputs, computed only when they changed."""
+        key = (resolved, driver_root, hook_binary)
+        if self._plan is None or self._edits is not edits or self._key != key:
+            self._plan = oci.plan_injection(
+                edits, resolved, driver_root=driver_root, hook_binary=hook_binary
+            )
+            self._edits, self._key = edits, key
+        return self._plan
+
+
 def hook_binary(toolkit_dir: Path) -> str:
     """The toolkit's ``nvidia-cdi-hook``, preferring ``nvidia-cdi-hook.real``.
 
@@ -135,12 +166,14 @@ def inject_gpu(
     *,
     options: InjectionOptions,
     soname_cache: SonameCache,
+    plan_cache: PlanCache | None = None,
 ) -> InjectionReport:
     """Inject the GPU edits into ``bundle``; see the module docstring for the guarantees.
 
     ``edits`` are the spec-level edits merged with device ``all``
     (:func:`substrate_gpu.cdi.edits_for_all`). Raises a subclass of
     :class:`~substrate_gpu.exceptions.InjectionError`; config.json is then untouched.
+    ``plan_cache`` (one per worker) lets later actors reuse the plan.
     """
     started = time.perf_counter()
     bundle = Path(bundle)
@@ -155,7 +188,7 @@ def inject_gpu(
         raise exceptions.InjectionError(
             f"while injecting GPUs into bundle {bundle}: the CDI edits resolve no device node"
         )
-    plan = oci.plan_injection(
+    plan = (plan_cache or PlanCache()).plan(
         edits,
         resolved,
         driver_root=options.driver_root,
@@ -180,14 +213,9 @@ def inject_gpu(
     links: staging.StagingReport | None = None
     if options.stage_soname_links and plan.libraries:
         rootfs = rootfs_of(bundle, config)
-        links = staging.stage_soname_links(
-            rootfs,
-            [(Path(host), container) for host, container in plan.libraries],
-            cache=soname_cache,
-            log=bound,
-        )
+        links = staging.stage_soname_links(rootfs, plan.libraries, cache=soname_cache, log=bound)
 
-    new_config = oci.apply_plan(config, plan)
+    new_config = oci.apply_plan(config, plan, in_place=True)
     path = bundle / "config.json"
     try:
         _atomic.write_atomically(path, encode_config(new_config))

@@ -44,6 +44,7 @@ class WorkerGpuInjector:
         self._spec = spec
         self._edits: tuple[model.Spec, model.ContainerEdits] | None = None
         self.soname_cache = soname_cache or SonameCache()
+        self.plan_cache = bundle_.PlanCache()
         self.last_report: bundle_.InjectionReport | None = None
 
     async def edits(self) -> model.ContainerEdits:
@@ -68,6 +69,7 @@ class WorkerGpuInjector:
                 edits,
                 options=self.options,
                 soname_cache=self.soname_cache,
+                plan_cache=self.plan_cache,
             )
         )
         self.last_report = report

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import posixpath
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from substrate_gpu import exceptions
@@ -69,15 +70,9 @@ class InjectionPlan:
     """Hooks left out, with the reason (each is logged by name)."""
     additional_gids: tuple[int, ...]
     """Supplementary groups for the actor's process."""
-
-    @property
-    def libraries(self) -> tuple[tuple[str, str], ...]:
-        """(host path, container path) of mounted files whose name contains ``.so.``."""
-        return tuple(
-            (m.host_path, m.container_path)
-            for m in self.mounts
-            if ".so." in posixpath.basename(m.container_path)
-        )
+    libraries: tuple[tuple[Path, str], ...] = ()
+    """(host file, container path) of mounted files whose name contains ``.so.``: the
+    libraries whose SONAME links are staged."""
 
 
 def env_key(entry: str) -> str:
@@ -126,6 +121,11 @@ def plan_injection(
         else:
             skipped.append(decision)
     return InjectionPlan(
+        libraries=tuple(
+            (Path(m.host_path), m.container_path)
+            for m in mounts
+            if ".so." in posixpath.basename(m.container_path)
+        ),
         devices=devices,
         mounts=tuple(mounts),
         env=tuple(e for e in edits.env if env_key(e) != _VISIBLE_DEVICES),
@@ -254,14 +254,17 @@ def _depth(mount: object) -> int:
     return len([p for p in str(destination or "").split("/") if p])
 
 
-def apply_plan(config: OciConfig, plan: InjectionPlan) -> OciConfig:
+def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False) -> OciConfig:
     """A new OCI config with ``plan`` applied; ``config`` is not modified.
+
+    ``in_place=True`` edits ``config`` itself instead of a deep copy: for a caller that owns
+    a freshly parsed config (the bundle writer), the copy is pure overhead on the hot path.
 
     Entries already present (same device path, identical rule, mount destination, hook)
     are not added twice. Raises :class:`~substrate_gpu.exceptions.InjectionError` when the
     config has the wrong shape where we must write.
     """
-    result = copy.deepcopy(config)
+    result = config if in_place else copy.deepcopy(config)
     linux = _child(result, "linux", "")
     devices = _list(linux, "devices", ".linux")
     present = {d.get("path") for d in devices if isinstance(d, dict)}

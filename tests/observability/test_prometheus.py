@@ -143,8 +143,10 @@ def test_real_prometheus_scrapes_rules_and_exemplars(
     ids = {e["labels"]["actor_id"] for series in exemplars for e in series["exemplars"]}
     assert ids == {"actor-1"}
 
-    # No alert fires on a healthy agent.
-    assert prometheus.get("alerts")["alerts"] == []
+    # No alert fires on a healthy agent. (The checkpointing actor may make the stuck-actor
+    # alert *pending* once the rules are evaluated; it needs 10 minutes to fire.)
+    firing = [a for a in prometheus.get("alerts")["alerts"] if a["state"] == "firing"]
+    assert firing == []
 
 
 def test_every_dashboard_query_is_valid_promql(prometheus: _Prometheus) -> None:
