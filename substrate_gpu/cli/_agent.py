@@ -97,6 +97,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=Path("/"),
         help="host-root prefix for stat-ing device nodes (default: %(default)s)",
     )
+    suspend = parser.add_argument_group("driver preflight and GPU-aware suspend")
+    suspend.add_argument(
+        "--no-driver-preflight",
+        dest="driver_preflight",
+        action="store_false",
+        help="do not check the host driver against runsc's supported list before create/restore",
+    )
+    suspend.add_argument(
+        "--cuda-checkpoint",
+        type=Path,
+        help="the host's cuda-checkpoint: enables runsc's --cuda-checkpoint-path route",
+    )
+    suspend.add_argument(
+        "--sandbox-cuda-checkpoint",
+        help="cuda-checkpoint as sandboxes see it: enables the exec route (runsc exec)",
+    )
     parser.add_argument(
         "--demo",
         action="store_true",
@@ -126,6 +142,9 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
         dev_root=args.dev_root,
         checkpoint_root=args.checkpoint_root,
         drain_timeout=args.drain_timeout,
+        driver_preflight=args.driver_preflight,
+        cuda_checkpoint=args.cuda_checkpoint,
+        sandbox_cuda_checkpoint=args.sandbox_cuda_checkpoint,
     )
 
 

@@ -47,3 +47,10 @@ class AgentConfig:
     """On SIGTERM/SIGINT: seconds to let running effects finish before closing."""
     extra_env: tuple[tuple[str, str], ...] = ()
     """Environment added to nvidia-ctk's (the demo's simulated node knobs)."""
+    driver_preflight: bool = True
+    """Refuse, before any sandbox exists, a driver ``runsc nvproxy list-supported-drivers``
+    does not list, and restores onto another driver or fewer GPUs."""
+    cuda_checkpoint: Path | None = None
+    """The host's ``cuda-checkpoint``: enables runsc's ``--cuda-checkpoint-path`` route."""
+    sandbox_cuda_checkpoint: str | None = None
+    """``cuda-checkpoint`` as sandboxes see it: enables the exec route (``runsc exec``)."""

@@ -285,6 +285,7 @@ async def running_agent(
             recorder=tap,
             metrics=wiring.LifecycleMetricsBridge(metrics),
             resume=recovered.resume if recovered is not None else None,
+            gpu=wiring.gpu_settings(config, components.runtime),
         )
         agents.append(agent)
         await stack.enter_async_context(agent)

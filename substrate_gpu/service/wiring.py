@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.injection import toolkit
 from substrate_gpu.injection.injector import WorkerGpuInjector
-from substrate_gpu.lifecycle import events, hooks, machine, pipeline
+from substrate_gpu.lifecycle import events, gpu, hooks, machine, pipeline
 from substrate_gpu.observability import AgentMetrics
 from substrate_gpu.probes.fd_scan import FdScanProbe
 from substrate_gpu.runsc import driver
@@ -165,6 +165,29 @@ class Collaborators:
     runtime: driver.RunscDriver
     probe: FdScanProbe
     injector: WorkerGpuInjector
+
+
+def gpu_settings(config: AgentConfig, runtime: object) -> gpu.GpuSettings | None:
+    """Driver preflight and the GPU-aware suspend routes this node offers (docs/gpu-suspend.md).
+
+    Only the runsc driver can answer ``nvproxy list-supported-drivers`` and ``exec``; with the
+    demo's in-process runtime model (no root or runc) there are no GPU settings: no preflight,
+    and a live context is refused.
+    """
+    if not isinstance(runtime, driver.RunscDriver):
+        return None
+    return gpu.GpuSettings(
+        drivers=runtime,
+        driver_root=config.driver_root,
+        dev_root=config.dev_root,
+        driver_preflight=config.driver_preflight,
+        cuda_checkpoint_path=config.cuda_checkpoint,
+        sandbox_tool=(
+            gpu.exec_tool(runtime, config.sandbox_cuda_checkpoint)
+            if config.sandbox_cuda_checkpoint
+            else None
+        ),
+    )
 
 
 def build_collaborators(config: AgentConfig) -> Collaborators:

@@ -30,7 +30,9 @@ FEATURES = {f.strip() for f in ENV.get("RUNSC_STANDIN_FEATURES", DEFAULT_FEATURE
 VERSION = ENV.get("RUNSC_STANDIN_VERSION", "release-20250512.0")
 DRIVERS = [
     d.strip()
-    for d in ENV.get("RUNSC_STANDIN_DRIVERS", "535.183.01,550.90.07,570.133.20").split(",")
+    for d in ENV.get("RUNSC_STANDIN_DRIVERS", "535.183.01,550.90.07,570.133.20,580.65.06").split(
+        ","
+    )
     if d.strip()
 ]
 DEVICE_PATTERN = re.compile(
