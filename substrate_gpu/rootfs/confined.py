@@ -273,6 +273,14 @@ def ensure_symlink_at(dir_fd: int, name: str, target: str) -> LinkOutcome:
     """
     if not is_plain_name(name):
         raise ValueError(f"link name {name!r} is not a plain file name")
+    # Fast path for a fresh rootfs (every later actor): create it. symlink() never follows an
+    # existing name; EEXIST sends us to the careful path below.
+    try:
+        os.symlink(target, name, dir_fd=dir_fd)
+    except FileExistsError:
+        pass
+    else:
+        return LinkOutcome.CREATED
     for _attempt in range(3):  # a racing writer may create or remove the name between steps
         mode = _lookup_kind(name, dir_fd)
         if mode is None:

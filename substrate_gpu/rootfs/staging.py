@@ -267,6 +267,43 @@ def plan_soname_links(
     return planned, skipped
 
 
+class _PlanMemo:
+    """The last link plan, reused while the inputs are the same.
+
+    Later actors on a worker stage the same libraries with the same cached SONAME results
+    (the cache returns the very same result objects until a file changes), so re-planning
+    is pure overhead on the warm path. Inputs are compared by value for the paths and by
+    identity for the results; one (inputs, plan) pair is swapped atomically, so threads
+    staging concurrently at worst plan twice.
+    """
+
+    def __init__(self) -> None:
+        self._last: (
+            tuple[list[tuple[Path, str, SonameResult]], list[PlannedLink], list[SkippedLibrary]]
+            | None
+        ) = None
+
+    def plan(
+        self, triples: list[tuple[Path, str, SonameResult]]
+    ) -> tuple[list[PlannedLink], list[SkippedLibrary]]:
+        last = self._last
+        if (
+            last is not None
+            and len(last[0]) == len(triples)
+            and all(
+                a[2] is b[2] and a[1] == b[1] and a[0] == b[0]
+                for a, b in zip(last[0], triples, strict=True)
+            )
+        ):
+            return list(last[1]), list(last[2])
+        planned, skipped = plan_soname_links(triples)
+        self._last = (triples, list(planned), list(skipped))
+        return planned, skipped
+
+
+_plan_memo = _PlanMemo()
+
+
 # ---------------------------------------------------------------------------------------------
 # The effectful shell
 
@@ -328,7 +365,7 @@ def stage_soname_links(
     rootfs (read-only, full); bad libraries and hostile paths are skipped and reported.
     """
     logger: StagingLog = log if log is not None else _log
-    planned, skipped = plan_soname_links(_read_sonames(libraries, cache))
+    planned, skipped = _plan_memo.plan(_read_sonames(libraries, cache))
     outcomes, refused = _write_links(rootfs, planned)
 
     created: list[StagedLink] = []
@@ -338,10 +375,7 @@ def stage_soname_links(
         staged = StagedLink(link.library, link.link, link.target)
         outcome = outcomes.get(link)
         if outcome is confined.LinkOutcome.CREATED:
-            created.append(staged)
-            logger.debug(
-                "soname_link_created", library=str(link.library), link=link.link, target=link.target
-            )
+            created.append(staged)  # summarised below: one event per staging, not per link
         elif outcome is confined.LinkOutcome.REPLACED:
             replaced.append(staged)
             logger.info(
@@ -352,7 +386,6 @@ def stage_soname_links(
             )
         elif outcome is confined.LinkOutcome.EXISTS:
             existing.append(staged)
-            logger.debug("soname_link_exists", library=str(link.library), link=link.link)
         elif outcome is confined.LinkOutcome.OCCUPIED:
             detail = f"{link.link} exists and is not a symlink; left alone"
             skipped.append(
@@ -375,6 +408,13 @@ def stage_soname_links(
             reason=entry.reason.value,
             detail=entry.detail,
         )
+    logger.debug(
+        "soname_links_staged",
+        created=len(created),
+        replaced=len(replaced),
+        existing=len(existing),
+        skipped=len(skipped),
+    )
     return StagingReport(
         created=tuple(created),
         replaced=tuple(replaced),

@@ -327,7 +327,9 @@ def test_given_logger_is_used(tmp_path: Path) -> None:
     rootfs.mkdir()
     with capture_logs() as logs:
         _stage(rootfs, [library], log=structlog.get_logger().bind(actor="a1"))
-    assert [(e["event"], e.get("actor")) for e in logs] == [("soname_link_created", "a1")]
+    assert [(e["event"], e.get("actor"), e.get("created")) for e in logs] == [
+        ("soname_links_staged", "a1", 1)
+    ]
 
 
 # --- the pure core -------------------------------------------------------------------------
