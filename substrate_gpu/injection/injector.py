@@ -11,7 +11,7 @@ keeps serving other actors.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio.to_thread
 
@@ -26,6 +26,14 @@ if TYPE_CHECKING:
     from substrate_gpu.injection.toolkit import CdiSpecGenerator
 
 
+class InjectionMetrics(Protocol):
+    """Where skipped toolkit hooks are counted (``AgentMetrics`` implements it)."""
+
+    def injection_hook_skipped(self, hook: str) -> None:
+        """One hook of the spec was left out of a bundle (bounded name)."""
+        ...
+
+
 class WorkerGpuInjector:
     """Injects this worker's GPUs into actor bundles."""
 
@@ -36,6 +44,7 @@ class WorkerGpuInjector:
         generator: CdiSpecGenerator | None = None,
         spec: model.Spec | None = None,
         soname_cache: SonameCache | None = None,
+        metrics: InjectionMetrics | None = None,
     ) -> None:
         if (generator is None) == (spec is None):
             raise ValueError("WorkerGpuInjector needs exactly one of generator= or spec=")
@@ -45,6 +54,7 @@ class WorkerGpuInjector:
         self._edits: tuple[model.Spec, model.ContainerEdits] | None = None
         self.soname_cache = soname_cache or SonameCache()
         self.plan_cache = bundle_.PlanCache()
+        self.metrics = metrics
         self.last_report: bundle_.InjectionReport | None = None
 
     async def edits(self) -> model.ContainerEdits:
@@ -73,6 +83,9 @@ class WorkerGpuInjector:
             )
         )
         self.last_report = report
+        if self.metrics is not None and report.outcome == "injected":
+            for hook in report.hooks_skipped:
+                self.metrics.injection_hook_skipped(hook)
         return report
 
     async def __call__(self, bundle: Path) -> int:

@@ -23,9 +23,10 @@ import contextlib
 import dataclasses
 import errno
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import structlog
@@ -141,11 +142,20 @@ def _explain_exec_failure(binary: Path, error: exceptions.ExternalCommandError) 
     return str(error)
 
 
+class GenerationMetrics(Protocol):
+    """Where generation outcomes are counted (``AgentMetrics`` implements it)."""
+
+    def toolkit_generation(self, outcome: str, seconds: float) -> None:
+        """One nvidia-ctk run ended with ``outcome`` (ok, error, timeout) after ``seconds``."""
+        ...
+
+
 class CdiSpecGenerator:
     """Generates and caches this worker's CDI spec; safe to share between actors."""
 
-    def __init__(self, config: ToolkitConfig) -> None:
+    def __init__(self, config: ToolkitConfig, *, metrics: GenerationMetrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics
         self._lock = anyio.Lock()
         self._spec: model.Spec | None = None
 
@@ -160,7 +170,19 @@ class CdiSpecGenerator:
             return self._spec
         async with self._lock:
             if self._spec is None:  # another actor may have generated it while we waited
-                self._spec = await self._generate()
+                started = time.monotonic()
+                outcome = "error"
+                try:
+                    self._spec = await self._generate()
+                    outcome = "ok"
+                except exceptions.ToolkitError as e:
+                    cause = e.__cause__
+                    if isinstance(cause, exceptions.ExternalCommandError) and cause.timed_out:
+                        outcome = "timeout"
+                    raise
+                finally:
+                    if self.metrics is not None:
+                        self.metrics.toolkit_generation(outcome, time.monotonic() - started)
             return self._spec
 
     async def _generate(self) -> model.Spec:

@@ -258,14 +258,14 @@ async def running_agent(
     Transports are not started here (see :func:`run`), so tests can drive the service.
     """
     spec = machine.load_spec()
-    if components is None:
-        built = wiring.build_collaborators(config)
-        components = Components(runtime=built.runtime, probe=built.probe, injector=built.injector)
     registry = CollectorRegistry()
     agents: list[Agent] = []
     metrics = wiring.agent_metrics(
         registry, spec, lambda: agents[0].state_counts() if agents else {}
     )
+    if components is None:
+        built = wiring.build_collaborators(config, metrics)
+        components = Components(runtime=built.runtime, probe=built.probe, injector=built.injector)
     async with contextlib.AsyncExitStack() as stack:
         event_log, recovered = await recovery.open_log(
             config.event_log,

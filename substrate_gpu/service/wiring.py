@@ -190,7 +190,7 @@ def gpu_settings(config: AgentConfig, runtime: object) -> gpu.GpuSettings | None
     )
 
 
-def build_collaborators(config: AgentConfig) -> Collaborators:
+def build_collaborators(config: AgentConfig, metrics: AgentMetrics | None = None) -> Collaborators:
     """The production runsc driver, fd probe and GPU injector for ``config``."""
     runtime = driver.RunscDriver(driver.RunscConfig(root=config.runsc_root, runsc=config.runsc))
     env = {**os.environ, toolkit.ENV_DRIVER_ROOT: str(config.driver_root), **dict(config.extra_env)}
@@ -198,7 +198,8 @@ def build_collaborators(config: AgentConfig) -> Collaborators:
         env, output_dir=config.cdi_output_dir, toolkit_dir=config.toolkit_dir
     )
     injector = WorkerGpuInjector(
-        generator=toolkit.CdiSpecGenerator(generation),
+        generator=toolkit.CdiSpecGenerator(generation, metrics=metrics),
+        metrics=metrics,
         options=bundle_.InjectionOptions(
             driver_root=str(config.driver_root),
             dev_root=config.dev_root,

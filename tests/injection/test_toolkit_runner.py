@@ -185,3 +185,34 @@ def test_driver_root_comes_from_the_environment():
     )
     default = toolkit.ToolkitConfig.from_env({}, output_dir=Path("/o"))
     assert (custom.driver_root, default.driver_root) == (Path("/drv"), Path("/usr/local/nvidia"))
+
+
+async def test_generation_outcomes_are_counted(gpu_node, tmp_path):
+    """Each nvidia-ctk run is counted by outcome: a failure, then a success, in AgentMetrics."""
+    from prometheus_client import CollectorRegistry
+
+    from substrate_gpu.observability import AgentMetrics
+
+    registry = CollectorRegistry()
+    metrics = AgentMetrics(registry)
+    tk = tmp_path / "tk"
+    tk.mkdir()
+    flag = tmp_path / "ready"
+    write_script(
+        tk / "nvidia-ctk.real",
+        f'[ -e {flag} ] || {{ echo "not yet" >&2; exit 1; }}\nexec {gpu_node.toolkit_dir}/nvidia-ctk.real "$@"\n',
+    )
+    generator = toolkit.CdiSpecGenerator(config_for(gpu_node, tmp_path, tk), metrics=metrics)
+    with pytest.raises(exceptions.ToolkitError):
+        await generator.ensure_spec()
+    flag.touch()
+    await generator.ensure_spec()
+    await generator.ensure_spec()  # cached: not a run
+
+    def runs(outcome: str) -> float:
+        value = registry.get_sample_value(
+            "substrate_gpu_toolkit_generation_duration_seconds_count", {"outcome": outcome}
+        )
+        return value or 0.0
+
+    assert (runs("error"), runs("ok"), runs("timeout")) == (1.0, 1.0, 0.0)

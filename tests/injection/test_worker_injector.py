@@ -37,3 +37,34 @@ def test_needs_exactly_one_spec_source(gpu_node):
     """A spec and a generator together (or neither) is a programming error."""
     with pytest.raises(ValueError, match="exactly one"):
         WorkerGpuInjector(options=bundle_.InjectionOptions())
+
+
+async def test_skipped_hooks_are_counted_by_name(gpu_node, tmp_path):
+    """Every hook left out of an injected bundle is counted under its bounded name."""
+    from prometheus_client import CollectorRegistry
+
+    from substrate_gpu.observability import AgentMetrics
+
+    registry = CollectorRegistry()
+    injector = WorkerGpuInjector(
+        generator=toolkit.CdiSpecGenerator(toolkit_config(gpu_node, tmp_path / "cdi")),
+        options=bundle_.InjectionOptions(
+            driver_root=str(gpu_node.driver_root),
+            dev_root=gpu_node.root,
+            toolkit_dir=gpu_node.toolkit_dir,
+        ),
+        metrics=AgentMetrics(registry),
+    )
+    bundle = bundles.make_bundle(tmp_path / "actor", ["true"])
+    await injector(bundle)
+    await injector(bundle)  # already injected: nothing skipped again
+
+    def skipped(hook: str) -> float:
+        return (
+            registry.get_sample_value("substrate_gpu_injection_hooks_skipped_total", {"hook": hook})
+            or 0.0
+        )
+
+    assert skipped("update-ldcache") == 1.0
+    assert skipped("disable-device-node-modification") == 1.0
+    assert skipped("update-application-profile") == 1.0
