@@ -41,15 +41,13 @@ import anyio
 import structlog
 
 from substrate_gpu import eventlog, exceptions
-from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.injection import toolkit
-from substrate_gpu.injection.injector import WorkerGpuInjector
 from substrate_gpu.lifecycle import Agent, Transition, events
 from substrate_gpu.probes.api import CudaContextProbe, GpuClient
 from substrate_gpu.probes.fd_scan import FdScanProbe
 from substrate_gpu.runsc import api as runsc
 from substrate_gpu.runsc import driver
-from substrate_gpu.service import AgentConfig, AgentService, Components, running_agent
+from substrate_gpu.service import AgentConfig, AgentService, Components, running_agent, wiring
 from substrate_gpu.simulation import bundles
 from substrate_gpu.simulation import node as node_
 
@@ -289,15 +287,7 @@ def build_demo_node(
         drain_timeout=10.0,
         extra_env=tuple(env.items()),
     )
-    generation = toolkit.ToolkitConfig.from_env(
-        {**os.environ, **env}, output_dir=config.cdi_output_dir, toolkit_dir=sim.toolkit_dir
-    )
-    injector = WorkerGpuInjector(
-        generator=toolkit.CdiSpecGenerator(generation),
-        options=bundle_.InjectionOptions(
-            driver_root=str(sim.driver_root), dev_root=sim.root, toolkit_dir=sim.toolkit_dir
-        ),
-    )
+    injector = wiring.build_injector(config)
     runtime: runsc.SandboxRuntime
     probe: CudaContextProbe
     if runc is not None:

@@ -27,7 +27,7 @@ import structlog
 from substrate_gpu import _atomic, exceptions
 from substrate_gpu.injection import devices as devices_
 from substrate_gpu.injection import hooks as hooks_
-from substrate_gpu.injection import oci
+from substrate_gpu.injection import oci, toolkit
 from substrate_gpu.rootfs import staging
 
 if TYPE_CHECKING:
@@ -36,21 +36,16 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-#: Where the worker pod mounts the host's NVIDIA toolkit (read-only hostPath volume).
-DEFAULT_TOOLKIT_DIR = Path("/opt/nvidia-toolkit")
-#: Default driver root (env ``ATE_NVIDIA_DRIVER_ROOT``).
-DEFAULT_DRIVER_ROOT = "/usr/local/nvidia"
-
 
 @dataclass(frozen=True)
 class InjectionOptions:
     """Where things are on this worker."""
 
-    driver_root: str = DEFAULT_DRIVER_ROOT
+    driver_root: str = str(toolkit.DEFAULT_DRIVER_ROOT)
     """The NVIDIA driver root (``lib64`` and ``bin`` derive from it)."""
     dev_root: Path = Path("/")
     """Host-root prefix for stat-ing device nodes (``/`` on a node; a test tree in tests)."""
-    toolkit_dir: Path = DEFAULT_TOOLKIT_DIR
+    toolkit_dir: Path = toolkit.DEFAULT_TOOLKIT_DIR
     """The mounted toolkit; kept hooks run its ``nvidia-cdi-hook`` (``.real`` preferred)."""
     stage_soname_links: bool = True
     """Create the SONAME links update-ldcache would have created."""
@@ -111,12 +106,9 @@ class PlanCache:
 
 
 def hook_binary(toolkit_dir: Path) -> str:
-    """The toolkit's ``nvidia-cdi-hook``, preferring ``nvidia-cdi-hook.real``.
-
-    The plain name is often a shell wrapper that needs tools the sandbox host side lacks.
-    """
-    real = toolkit_dir / f"{hooks_.HOOK_BINARY_NAME}.real"
-    return str(real if real.exists() else toolkit_dir / hooks_.HOOK_BINARY_NAME)
+    """The toolkit's ``nvidia-cdi-hook``, preferring ``nvidia-cdi-hook.real`` (the plain
+    name is often a shell wrapper that needs tools the sandbox host side lacks)."""
+    return str(toolkit.toolkit_binary(toolkit_dir, hooks_.HOOK_BINARY_NAME))
 
 
 def read_config(bundle: Path) -> oci.OciConfig:

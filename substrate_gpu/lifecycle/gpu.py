@@ -28,10 +28,11 @@ from typing import Protocol
 
 from substrate_gpu import cudackpt, preflight
 from substrate_gpu.cudackpt import api as cudackpt_api
+from substrate_gpu.injection import toolkit
 from substrate_gpu.runsc import api as runsc_api
 
 #: The driver root when none is configured (``ATE_NVIDIA_DRIVER_ROOT``'s default).
-DEFAULT_DRIVER_ROOT = Path("/usr/local/nvidia")
+DEFAULT_DRIVER_ROOT = toolkit.DEFAULT_DRIVER_ROOT
 
 
 class SandboxCudaTool(cudackpt_api.CudaCheckpointTool, Protocol):

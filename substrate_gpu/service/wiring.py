@@ -190,14 +190,13 @@ def gpu_settings(config: AgentConfig, runtime: object) -> gpu.GpuSettings | None
     )
 
 
-def build_collaborators(config: AgentConfig, metrics: AgentMetrics | None = None) -> Collaborators:
-    """The production runsc driver, fd probe and GPU injector for ``config``."""
-    runtime = driver.RunscDriver(driver.RunscConfig(root=config.runsc_root, runsc=config.runsc))
+def build_injector(config: AgentConfig, metrics: AgentMetrics | None = None) -> WorkerGpuInjector:
+    """The worker's GPU injector: nvidia-ctk generation and injection options from ``config``."""
     env = {**os.environ, toolkit.ENV_DRIVER_ROOT: str(config.driver_root), **dict(config.extra_env)}
     generation = toolkit.ToolkitConfig.from_env(
         env, output_dir=config.cdi_output_dir, toolkit_dir=config.toolkit_dir
     )
-    injector = WorkerGpuInjector(
+    return WorkerGpuInjector(
         generator=toolkit.CdiSpecGenerator(generation, metrics=metrics),
         metrics=metrics,
         options=bundle_.InjectionOptions(
@@ -206,4 +205,11 @@ def build_collaborators(config: AgentConfig, metrics: AgentMetrics | None = None
             toolkit_dir=config.toolkit_dir,
         ),
     )
-    return Collaborators(runtime=runtime, probe=FdScanProbe(), injector=injector)
+
+
+def build_collaborators(config: AgentConfig, metrics: AgentMetrics | None = None) -> Collaborators:
+    """The production runsc driver, fd probe and GPU injector for ``config``."""
+    runtime = driver.RunscDriver(driver.RunscConfig(root=config.runsc_root, runsc=config.runsc))
+    return Collaborators(
+        runtime=runtime, probe=FdScanProbe(), injector=build_injector(config, metrics)
+    )

@@ -87,6 +87,26 @@ def find_busybox() -> Path:
     )
 
 
+#: Applets linked into the rootfs's /bin, so a bundle's args can say ``sh`` or ``sleep``.
+APPLETS = (
+    "sh", "cat", "env", "stat", "ls", "readlink", "grep", "sleep", "echo", "true", "false",
+)  # fmt: skip
+
+
+def make_busybox_rootfs(rootfs: Path) -> Path:
+    """``rootfs`` with a static busybox, links for common applets, and the mount points."""
+    bin_dir = rootfs / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(find_busybox(), bin_dir / "busybox")
+    for applet in APPLETS:
+        link = bin_dir / applet
+        if not link.is_symlink():
+            link.symlink_to("busybox")
+    for name in ("proc", "dev", "sys", "tmp"):
+        (rootfs / name).mkdir(exist_ok=True)
+    return rootfs
+
+
 def runc_spec() -> dict[str, object]:
     """A fresh copy of the default config."""
     return copy.deepcopy(_RUNC_SPEC)
@@ -100,16 +120,7 @@ def make_bundle(
     annotations: dict[str, str] | None = None,
 ) -> Path:
     """Create ``directory`` as an OCI bundle running ``args`` in a busybox rootfs."""
-    rootfs = directory / "rootfs"
-    bin_dir = rootfs / "bin"
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(find_busybox(), bin_dir / "busybox")
-    for applet in ("sh", "cat", "env", "stat", "ls", "readlink", "grep", "sleep", "echo"):
-        link = bin_dir / applet
-        if not link.exists():
-            link.symlink_to("busybox")
-    for name in ("proc", "dev", "sys", "tmp"):
-        (rootfs / name).mkdir(exist_ok=True)
+    make_busybox_rootfs(directory / "rootfs")
     config = runc_spec()
     process = config["process"]
     if not isinstance(process, dict):  # pragma: no cover  (the template above)

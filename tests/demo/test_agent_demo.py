@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from observability.prometheus_server import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _sample(text: str, name: str, **labels: str) -> float:
@@ -32,7 +26,7 @@ def _sample(text: str, name: str, **labels: str) -> float:
 
 def test_agent_demo_loops_actors_through_their_lives_and_stops_cleanly(tmp_path):
     """Metrics show refusals and deleted actors after a round; SIGTERM exits 0 and cleans up."""
-    port = _free_port()
+    port = free_port()
     stderr = (tmp_path / "agent.stderr").open("w")
     process = subprocess.Popen(
         [

@@ -15,15 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from service.agentproc import AgentProcess, event, register
+from support import runc_bundle
 
 from substrate_gpu.simulation import bundles
 from substrate_gpu.simulation import node as node_
 
-from .conftest import METRICS_DIR
+from .prometheus_server import free_port, running_prometheus
 from .scrape import fetch, value
-from .test_prometheus import _free_port, _Prometheus
 
 pytestmark = pytest.mark.runc
 
@@ -41,22 +40,11 @@ def _wait_for_metric(url: str, name: str, expected: float, **labels: str) -> Non
         time.sleep(0.1)
 
 
-def _delete_containers(root: Path, runc: str) -> None:
-    if root.is_dir():
-        for entry in root.iterdir():
-            if entry.is_dir():
-                subprocess.run(
-                    [runc, "--root", str(root), "delete", "--force", entry.name],
-                    capture_output=True,
-                    check=False,
-                )
-
-
 @pytest.fixture
 def agent(tmp_path: Path, runc_path: str):
     """The agent process on the runsc stand-in over real runc, metrics on a free port."""
     runsc = node_.install_runsc_standin(tmp_path / "bin")
-    port = _free_port()
+    port = free_port()
     process = AgentProcess.on_socket(
         tmp_path,
         "--metrics-port",
@@ -70,40 +58,13 @@ def agent(tmp_path: Path, runc_path: str):
     try:
         assert process.terminate() == 0, process.stderr()
     finally:
-        _delete_containers(tmp_path / "runsc-root", runc_path)
+        runc_bundle.delete_all(tmp_path / "runsc-root", runc=runc_path)
 
 
 @pytest.fixture
 def prometheus(prometheus_binary: str, agent, tmp_path: Path):
-    config = yaml.safe_load((METRICS_DIR / "prometheus.yml").read_text())
-    config["global"].update(scrape_interval="1s", evaluation_interval="1s")
-    config["rule_files"] = [str(METRICS_DIR / pattern) for pattern in config["rule_files"]]
-    (job,) = config["scrape_configs"]
-    job["static_configs"] = [{"targets": [agent.metrics_url.split("/")[2]]}]
-    config_path = tmp_path / "prometheus.yml"
-    config_path.write_text(yaml.safe_dump(config))
-    port = _free_port()
-    log = (tmp_path / "prometheus.log").open("w")
-    process = subprocess.Popen(
-        [
-            prometheus_binary,
-            f"--config.file={config_path}",
-            f"--storage.tsdb.path={tmp_path / 'prometheus-data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        yield _Prometheus(port)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+    with running_prometheus(prometheus_binary, agent.metrics_url.split("/")[2], tmp_path) as api:
+        yield api
 
 
 def _scenario(agent, bundle: Path) -> None:

@@ -6,62 +6,16 @@ scrape/evaluation interval; everything else (job name, rule files) is used as wr
 
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-import yaml
 from prometheus_client import CollectorRegistry
 
 from substrate_gpu.observability import AgentMetrics, MetricsServer
 
-from .conftest import METRICS_DIR
+from .prometheus_server import PrometheusAPI, running_prometheus
 from .test_compose import _dashboard_exprs
-
-DEADLINE_S = 12.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class _Prometheus:
-    def __init__(self, port: int) -> None:
-        self.api = f"http://127.0.0.1:{port}/api/v1"
-
-    def get(self, path: str, **params: str) -> Any:
-        url = f"{self.api}/{path}?{urllib.parse.urlencode(params)}"
-        with urllib.request.urlopen(url, timeout=2) as response:
-            body = json.load(response)
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        data = self.get("query", query=expr)
-        result: list[dict[str, Any]] = data["result"]
-        return result
-
-    def wait_for(self, expr: str) -> list[dict[str, Any]]:
-        """Poll an instant query until it returns a non-empty result (or the deadline)."""
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
-            try:
-                result = self.query(expr)
-            except OSError:
-                result = []
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise AssertionError(f"Prometheus never returned a result for {expr}")
-            time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -82,43 +36,19 @@ def prometheus(
     prometheus_binary: str,
     agent_metrics: tuple[MetricsServer, AgentMetrics],
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[_Prometheus]:
+) -> Iterator[PrometheusAPI]:
     server, _ = agent_metrics
-    tmp_path = tmp_path_factory.mktemp("prometheus")
-    config = yaml.safe_load((METRICS_DIR / "prometheus.yml").read_text())
-    config["global"].update(scrape_interval="1s", evaluation_interval="1s")
-    config["rule_files"] = [str(METRICS_DIR / pattern) for pattern in config["rule_files"]]
-    (job,) = config["scrape_configs"]
-    job["static_configs"] = [{"targets": [f"127.0.0.1:{server.port}"]}]
-    config_path = tmp_path / "prometheus.yml"
-    config_path.write_text(yaml.safe_dump(config))
-    port = _free_port()
-    log = (tmp_path / "prometheus.log").open("w")
-    process = subprocess.Popen(
-        [
-            prometheus_binary,
-            f"--config.file={config_path}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--enable-feature=exemplar-storage",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        yield _Prometheus(port)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+    with running_prometheus(
+        prometheus_binary,
+        f"127.0.0.1:{server.port}",
+        tmp_path_factory.mktemp("prometheus"),
+        extra_args=("--enable-feature=exemplar-storage",),
+    ) as api:
+        yield api
 
 
 def test_real_prometheus_scrapes_rules_and_exemplars(
-    prometheus: _Prometheus, agent_metrics: tuple[MetricsServer, AgentMetrics]
+    prometheus: PrometheusAPI, agent_metrics: tuple[MetricsServer, AgentMetrics]
 ) -> None:
     """Series, recorded rules and actor exemplars all reach a real Prometheus."""
     (running,) = prometheus.wait_for('substrate_gpu_actors{state="running"}')
@@ -149,7 +79,7 @@ def test_real_prometheus_scrapes_rules_and_exemplars(
     assert firing == []
 
 
-def test_every_dashboard_query_is_valid_promql(prometheus: _Prometheus) -> None:
+def test_every_dashboard_query_is_valid_promql(prometheus: PrometheusAPI) -> None:
     """Prometheus accepts every Grafana panel query (with Grafana's variable substituted)."""
     prometheus.wait_for("up")
     for expr in _dashboard_exprs():

@@ -13,15 +13,12 @@ char device (``/dev/null``) reads and writes like null, and its fd link in
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-BUSYBOX = Path("/bin/busybox")
-#: Applets linked into the rootfs's /bin, so ``args`` can say ``sh`` or ``sleep``.
-APPLETS = ("sh", "sleep", "cat", "ls", "true", "false", "echo")
+from substrate_gpu.simulation import bundles
 
 
 @dataclass(frozen=True)
@@ -57,16 +54,7 @@ def make_busybox_bundle(
     ``{allow: true, type, major, minor, access: "rwm"}`` rule, and each ``(host, dest)`` of
     ``binds`` as a read-write bind mount (a control channel between test and container).
     """
-    if not BUSYBOX.is_file():
-        raise FileNotFoundError(f"{BUSYBOX} is needed to build a test rootfs")
-    rootfs = directory / "rootfs"
-    for sub in ("bin", "dev", "proc", "sys", "tmp"):
-        (rootfs / sub).mkdir(parents=True, exist_ok=True)
-    shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
-    for applet in APPLETS:
-        link = rootfs / "bin" / applet
-        if not link.is_symlink():
-            link.symlink_to("busybox")
+    rootfs = bundles.make_busybox_rootfs(directory / "rootfs")
 
     config_path = directory / "config.json"
     config_path.unlink(missing_ok=True)
