@@ -9,13 +9,14 @@ nodes that a workload can really hold open, real ELF driver libraries.
 The runtime is chosen, and said:
 
 - **root and runc present**: the runsc driver drives the runsc stand-in
-  (:mod:`substrate_gpu.simulation.runsc`, installed as a ``runsc`` script on the node),
+  (:mod:`substrate_gpu.testing.runsc`, installed as a ``runsc`` script on the node),
   which runs every sandbox as a real runc container and fails a checkpoint exactly as
   gVisor does while a GPU handle is open. A GPU workload holds ``/dev/nvidia0`` open until
   told to let go: the fd probe sees it in ``/proc``.
-- **otherwise**: :class:`SimulatedSandboxes`, an in-process model of runsc (and of the
-  workload's GPU handle) with the same failure modes, because runc needs root. Everything
-  above the runtime (injection into real bundle files, the machine, the log) is unchanged.
+- **otherwise**: :class:`~substrate_gpu.testing.sandboxes.SimulatedSandboxes`, an in-process
+  model of runsc (and of the workload's GPU handle) with the same failure modes, because runc
+  needs root. Everything above the runtime (injection into real bundle files, the machine,
+  the log) is unchanged.
 
 The demo's actors: ``gpu-trainer`` (holds a CUDA context: its suspend is refused, then
 accepted once the context closes, then it is restored and deleted), ``gpu-notebook`` (a GPU
@@ -32,12 +33,13 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, TextIO
+from typing import Any, Final, TextIO
 
 import anyio
+import anyio.abc
 import structlog
 
 from substrate_gpu import eventlog, exceptions
@@ -47,13 +49,17 @@ from substrate_gpu.probes.api import CudaContextProbe, GpuClient
 from substrate_gpu.probes.fd_scan import FdScanProbe
 from substrate_gpu.runsc import api as runsc
 from substrate_gpu.runsc import driver
-from substrate_gpu.service import AgentConfig, AgentService, Components, running_agent, wiring
-from substrate_gpu.simulation import bundles
-from substrate_gpu.simulation import node as node_
+from substrate_gpu.service import (
+    AgentConfig,
+    AgentService,
+    Components,
+    running_agent,
+    server,
+    wiring,
+)
+from substrate_gpu.testing import bundles, sandboxes
+from substrate_gpu.testing import node as node_
 
-#: Annotation read by :class:`SimulatedSandboxes`: the workload holds a GPU handle until this
-#: path exists in its rootfs (real runc ignores it: there the workload's script does it).
-HOLDS_GPU_UNTIL: Final = "substrate-gpu.demo/holds-gpu-until"
 RELEASE_FILE: Final = "/tmp/release"  # noqa: S108  (a path inside the actor's rootfs)
 
 #: Holds ``/dev/nvidia0`` open (a live CUDA client) until the release file appears.
@@ -96,138 +102,6 @@ class DemoResult:
     """The suspend attempts refused because a CUDA context was live."""
     transitions: tuple[Transition, ...] = field(default=(), repr=False)
     """Every transition, in order."""
-
-
-# --- the in-process runtime, when runc cannot be used ------------------------------------
-
-
-@dataclass
-class _Sandbox:
-    bundle: Path
-    status: runsc.ContainerStatus
-    pid: int
-    holds_until: str | None
-
-
-class SimulatedSandboxes:
-    """An in-process runsc (:class:`SandboxRuntime`) and CUDA probe, for machines without runc.
-
-    Models what the lifecycle depends on: container states, ``--leave-running``, a checkpoint
-    image on disk, and gVisor's refusal to save a sandbox holding a GPU handle (the workload
-    holds one while its bundle's :data:`HOLDS_GPU_UNTIL` path does not exist in its rootfs).
-    """
-
-    def __init__(self) -> None:
-        self._sandboxes: dict[str, _Sandbox] = {}
-        self._next_pid = 40_000
-
-    def _error(self, cls: type[runsc.RunscError], message: str) -> runsc.RunscError:
-        return cls(message, argv=("simulated-runsc",), returncode=128, stderr=message)
-
-    def _get(self, container_id: str) -> _Sandbox:
-        sandbox = self._sandboxes.get(container_id)
-        if sandbox is None:
-            raise self._error(
-                runsc.ContainerNotFoundError,
-                f"loading container {container_id!r}: file does not exist",
-            )
-        return sandbox
-
-    def _holds_gpu(self, sandbox: _Sandbox) -> bool:
-        if sandbox.status != "running" or sandbox.holds_until is None:
-            return False
-        return not (sandbox.bundle / "rootfs" / sandbox.holds_until.lstrip("/")).exists()
-
-    def _new(self, container_id: str, bundle: Path, status: runsc.ContainerStatus) -> None:
-        if container_id in self._sandboxes:
-            raise self._error(runsc.RunscError, f"container {container_id!r} already exists")
-        config = json.loads((bundle / "config.json").read_text())
-        holds = config.get("annotations", {}).get(HOLDS_GPU_UNTIL)
-        self._next_pid += 1
-        self._sandboxes[container_id] = _Sandbox(bundle, status, self._next_pid, holds)
-
-    async def features(self) -> runsc.RunscFeatures:
-        return runsc.RunscFeatures(
-            version="runsc version simulated (in-process)",
-            leave_running=True,
-            cuda_checkpoint_path=False,
-            nvproxy_driver_version=False,
-            list_supported_drivers=False,
-        )
-
-    async def create(self, container_id: str, bundle: Path, *, nvproxy: bool) -> None:
-        self._new(container_id, bundle, "created")
-
-    async def start(self, container_id: str) -> None:
-        sandbox = self._get(container_id)
-        if sandbox.status != "created":
-            raise self._error(
-                runsc.RunscError,
-                f'starting container: cannot start container "{container_id}" '
-                f"in state {sandbox.status}",
-            )
-        sandbox.status = "running"
-
-    async def checkpoint(
-        self,
-        container_id: str,
-        image_path: Path,
-        *,
-        leave_running: bool,
-        cuda_checkpoint_path: Path | None = None,
-    ) -> None:
-        sandbox = self._get(container_id)
-        if sandbox.status not in ("created", "running", "paused"):
-            raise self._error(
-                runsc.ContainerStoppedError,
-                f'checkpoint failed: cannot checkpoint container "{container_id}" '
-                f"in state {sandbox.status}",
-            )
-        if self._holds_gpu(sandbox):
-            if not leave_running:
-                sandbox.status = "stopped"
-            raise self._error(
-                runsc.LiveNvproxyClientsError,
-                f'checkpoint failed: checkpointing container "{container_id}": saving kernel '
-                "state: encoding error: can't save with live nvproxy clients",
-            )
-        image_path.mkdir(parents=True, exist_ok=True)
-        (image_path / "checkpoint.img").write_text(json.dumps({"id": container_id}) + "\n")
-        if not leave_running:
-            sandbox.status = "stopped"
-
-    async def restore(
-        self, container_id: str, bundle: Path, image_path: Path, *, nvproxy: bool
-    ) -> None:
-        if not (image_path / "checkpoint.img").is_file():
-            raise self._error(
-                runsc.RunscError, f"restore failed: opening {image_path}/checkpoint.img"
-            )
-        self._new(container_id, bundle, "running")
-
-    async def state(self, container_id: str) -> runsc.ContainerState:
-        sandbox = self._get(container_id)
-        pid = sandbox.pid if sandbox.status in ("created", "running") else 0
-        return runsc.ContainerState(
-            id=container_id, status=sandbox.status, pid=pid, bundle=str(sandbox.bundle)
-        )
-
-    async def kill(self, container_id: str, signal: str = "KILL") -> None:
-        self._get(container_id).status = "stopped"
-
-    async def delete(self, container_id: str, *, force: bool = False) -> None:
-        sandbox = self._get(container_id)
-        if sandbox.status == "running" and not force:
-            raise self._error(runsc.RunscError, f"cannot delete running container {container_id}")
-        del self._sandboxes[container_id]
-
-    async def live_clients(self, pids: tuple[int, ...]) -> tuple[GpuClient, ...]:
-        """The probe: the GPU handle of every holding workload among ``pids``."""
-        return tuple(
-            GpuClient(pid=s.pid, fd=3, target="/dev/nvidia0")
-            for s in self._sandboxes.values()
-            if s.pid in pids and self._holds_gpu(s)
-        )
 
 
 # --- the node and its runtime ---------------------------------------------------------------
@@ -304,7 +178,7 @@ def build_demo_node(
         probe = FdScanProbe()
         kind = "runc"
     else:
-        simulated = SimulatedSandboxes()
+        simulated = sandboxes.SimulatedSandboxes()
         runtime, probe, kind = simulated, simulated, "simulated"
     return DemoNode(
         node=sim,
@@ -318,7 +192,7 @@ def build_demo_node(
 def actor_bundle(directory: Path, *, holds_gpu: bool) -> Path:
     """A busybox bundle (or, without busybox, a bare one for the simulated runtime)."""
     script = HOLDING_WORKLOAD if holds_gpu else IDLE_WORKLOAD
-    annotations = {HOLDS_GPU_UNTIL: RELEASE_FILE} if holds_gpu else None
+    annotations = {sandboxes.HOLDS_GPU_UNTIL: RELEASE_FILE} if holds_gpu else None
     try:
         return bundles.make_bundle(
             directory, ["sh", "-c", script], env=["PATH=/bin"], annotations=annotations
@@ -612,3 +486,41 @@ async def workload_forever(
         except exceptions.SubstrateGpuError as e:
             log.warning("demo round failed", round=round_, error=str(e))
         await anyio.sleep(pause)
+
+
+def _start(
+    tg: anyio.abc.TaskGroup,
+    task: Callable[[server.Running], Coroutine[Any, Any, None]],
+    running: server.Running,
+) -> None:
+    tg.start_soon(task, running)
+
+
+async def serve_with_workload(config: AgentConfig, node: DemoNode, bundles_dir: Path) -> int:
+    """``agent --demo``: the agent serving as :func:`server.run` does, the lives looping beside it.
+
+    The loop is a client of the running agent (started from ``on_ready``, stopped when the
+    agent is asked to stop), so the agent's server knows nothing of the demo.
+    """
+
+    async def loop_until_stopped(running: server.Running) -> None:
+        async with anyio.create_task_group() as loop:
+            loop.start_soon(workload_forever, running.service, node.components, bundles_dir)
+            await running.stop.wait()
+            loop.cancel_scope.cancel()
+
+    failure: exceptions.SubstrateGpuError | None = None
+    code = 1
+    async with anyio.create_task_group() as tg:
+        try:
+            code = await server.run(
+                config,
+                components=node.components,
+                on_ready=lambda running: _start(tg, loop_until_stopped, running),
+            )
+        except exceptions.SubstrateGpuError as e:
+            failure = e
+        tg.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    return code

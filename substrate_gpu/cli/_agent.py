@@ -180,14 +180,7 @@ def _run_demo(config: config_.AgentConfig) -> int:
             file=sys.stderr,
         )
 
-        async def workload(service: server.AgentService) -> None:
-            await demo.workload_forever(service, node.components, workdir / "bundles")
-
         try:
-            return anyio.run(
-                functools.partial(
-                    server.run, demo_config, components=node.components, workload=workload
-                )
-            )
+            return anyio.run(demo.serve_with_workload, demo_config, node, workdir / "bundles")
         finally:
             demo.cleanup_containers(workdir)

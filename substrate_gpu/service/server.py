@@ -27,10 +27,10 @@ import os
 import signal
 import stat
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import anyio
 import anyio.to_thread
@@ -49,9 +49,6 @@ from substrate_gpu.service import protocol, recovery, wiring
 from substrate_gpu.service.config import AgentConfig
 
 log = structlog.get_logger(__name__)
-
-#: A workload run inside the serving agent (the ``--demo`` script); returns when done.
-Workload = Callable[["AgentService"], Coroutine[Any, Any, None]]
 
 
 class AgentService:
@@ -242,7 +239,7 @@ class Running:
 
 @dataclass(frozen=True)
 class Components:
-    """Overrides of the production collaborators (the demo's simulated node)."""
+    """Overrides of the production collaborators (another runtime, probe or injector)."""
 
     runtime: SandboxRuntime
     probe: CudaContextProbe
@@ -318,7 +315,6 @@ async def run(
     config: AgentConfig,
     *,
     components: Components | None = None,
-    workload: Workload | None = None,
     on_ready: Callable[[Running], None] | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT (or stdin's EOF when stdin is the only input).
@@ -327,7 +323,7 @@ async def run(
     :class:`SubstrateGpuError` it is, not wrapped in a task group's exception group.
     """
     try:
-        return await _serve(config, components, workload, on_ready)
+        return await _serve(config, components, on_ready)
     except BaseExceptionGroup as group:
         matched, _ = group.split(exceptions.SubstrateGpuError)
         if matched is None:
@@ -341,7 +337,6 @@ async def run(
 async def _serve(
     config: AgentConfig,
     components: Components | None,
-    workload: Workload | None,
     on_ready: Callable[[Running], None] | None,
 ) -> int:
     async with running_agent(config, components) as running:
@@ -355,10 +350,8 @@ async def _serve(
                     running,
                     sys.stdin.buffer,
                     sys.stdout.buffer,
-                    config.socket is None and workload is None,
+                    config.socket is None,
                 )
-            if workload is not None:
-                intake.start_soon(workload, running.service)
             log.info(
                 "agent serving",
                 socket=str(config.socket) if config.socket else None,

@@ -37,7 +37,7 @@ from substrate_gpu import cdi
 from substrate_gpu.cdi import model
 from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.rootfs.sonames import SonameCache, open_for_reading, read_soname
-from substrate_gpu.simulation import bundles
+from substrate_gpu.testing import bundles
 
 T4_SPEC = (
     Path(__file__).resolve().parents[1]

@@ -9,6 +9,7 @@ import pytest
 from substrate_gpu import demo
 from substrate_gpu.eventlog import replay
 from substrate_gpu.probes.api import GpuClient
+from substrate_gpu.testing.sandboxes import SimulatedSandboxes
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ async def test_simulated_sandbox_refuses_to_save_a_live_gpu_handle(tmp_path):
     from substrate_gpu.runsc import api as runsc
 
     bundle = demo.actor_bundle(tmp_path / "a1", holds_gpu=True)
-    sandboxes = demo.SimulatedSandboxes()
+    sandboxes = SimulatedSandboxes()
     await sandboxes.create("a1", bundle, nvproxy=True)
     await sandboxes.start("a1")
     pid = (await sandboxes.state("a1")).pid

@@ -8,7 +8,7 @@ import pytest
 from support.gpu_nodes import generate_spec
 
 from substrate_gpu import cdi
-from substrate_gpu.simulation import node as node_
+from substrate_gpu.testing import node as node_
 
 if TYPE_CHECKING:
     from substrate_gpu.cdi import model

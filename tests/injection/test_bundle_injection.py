@@ -13,7 +13,7 @@ from substrate_gpu import exceptions
 from substrate_gpu.cdi import model
 from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.rootfs import SonameCache
-from substrate_gpu.simulation import bundles
+from substrate_gpu.testing import bundles
 
 
 @pytest.fixture

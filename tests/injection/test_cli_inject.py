@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from substrate_gpu.cli import main
-from substrate_gpu.simulation import bundles
+from substrate_gpu.testing import bundles
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "cdi"
 T4 = DATA / "real-world" / "kwx4957-study__ctk-1.20.0__drv-615.71.09__rocky9-T4.yaml"

@@ -22,8 +22,8 @@ import pytest
 from substrate_gpu import cdi
 from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.rootfs import SonameCache
-from substrate_gpu.simulation import bundles
-from substrate_gpu.simulation import node as node_
+from substrate_gpu.testing import bundles
+from substrate_gpu.testing import node as node_
 
 pytestmark = pytest.mark.runc
 

@@ -111,7 +111,7 @@ async def test_failure_is_not_memoised(gpu_node, tmp_path):
 
 async def test_tool_stderr_is_in_the_error(tmp_path):
     """The real stand-in failing to find NVML surfaces its message."""
-    from substrate_gpu.simulation import node as node_
+    from substrate_gpu.testing import node as node_
 
     sim = node_.build_node(tmp_path / "node", libraries=(("libcuda.so.{v}", "libcuda.so.1"),))
     generator = toolkit.CdiSpecGenerator(toolkit_config(sim, tmp_path / "cdi"))

@@ -8,7 +8,7 @@ from support.gpu_nodes import toolkit_config
 from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.injection import toolkit
 from substrate_gpu.injection.injector import WorkerGpuInjector
-from substrate_gpu.simulation import bundles
+from substrate_gpu.testing import bundles
 
 pytestmark = pytest.mark.anyio
 

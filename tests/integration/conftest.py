@@ -16,7 +16,7 @@ from substrate_gpu.injection import toolkit
 from substrate_gpu.injection.injector import WorkerGpuInjector
 from substrate_gpu.probes.fd_scan import FdScanProbe
 from substrate_gpu.runsc import driver
-from substrate_gpu.simulation import node as node_
+from substrate_gpu.testing import node as node_
 
 STANDIN_RUNSC = Path(__file__).resolve().parents[1] / "standins" / "runsc"
 

@@ -14,7 +14,7 @@ import pytest
 
 from substrate_gpu.lifecycle import Agent, events
 from substrate_gpu.probes.fd_scan import FdScanProbe
-from substrate_gpu.simulation import bundles
+from substrate_gpu.testing import bundles
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runc]
 

@@ -18,8 +18,8 @@ import pytest
 from service.agentproc import AgentProcess, event, register
 from support import runc_bundle
 
-from substrate_gpu.simulation import bundles
-from substrate_gpu.simulation import node as node_
+from substrate_gpu.testing import bundles
+from substrate_gpu.testing import node as node_
 
 from .prometheus_server import free_port, running_prometheus
 from .scrape import fetch, value

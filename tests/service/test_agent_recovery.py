@@ -10,7 +10,7 @@ import time
 import pytest
 
 from substrate_gpu.eventlog import read_log, replay
-from substrate_gpu.simulation import node as node_
+from substrate_gpu.testing import node as node_
 
 from .agentproc import AgentProcess, event, register
 

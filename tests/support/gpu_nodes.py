@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from substrate_gpu.cdi import model
-    from substrate_gpu.simulation import node as node_
+    from substrate_gpu.testing import node as node_
 
 
 def toolkit_config(

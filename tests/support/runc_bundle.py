@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from substrate_gpu.simulation import bundles
+from substrate_gpu.testing import bundles
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A stand-in for gVisor's ``runsc`` over real runc, for the demo and tests without gVisor or a GPU.
 
-Runnable as ``python -m substrate_gpu.simulation.runsc`` (the simulated node installs a
+Runnable as ``python -m substrate_gpu.testing.runsc`` (the simulated node installs a
 ``runsc`` wrapper script that does so, next to ``nvidia-ctk``); ``tests/standins/runsc`` is
 a thin executable that runs this module.
 

@@ -160,7 +160,7 @@ def install_toolkit_standins(toolkit_dir: Path) -> None:
         f"PYTHONPATH={Path(__file__).resolve().parents[2]}${{PYTHONPATH:+:$PYTHONPATH}}\n"
         "export PYTHONPATH\n"
     )
-    run = f"exec {sys.executable} -m substrate_gpu.simulation"
+    run = f"exec {sys.executable} -m substrate_gpu.testing"
     log = toolkit_dir / "hook-invocations.jsonl"
     _write_script(toolkit_dir / "nvidia-ctk.real", f'{prelude}{run}.nvidia_ctk "$@"\n')
     _write_script(
@@ -174,7 +174,7 @@ def install_toolkit_standins(toolkit_dir: Path) -> None:
 
 
 def install_runsc_standin(directory: Path) -> Path:
-    """Install ``runsc``: a wrapper running :mod:`substrate_gpu.simulation.runsc` (over runc).
+    """Install ``runsc``: a wrapper running :mod:`substrate_gpu.testing.runsc` (over runc).
 
     Installed next to the toolkit stand-ins by the demo, so an installed package (no tests/
     tree) can drive the production runsc driver against it. Returns the script's path.
@@ -186,7 +186,7 @@ def install_runsc_standin(directory: Path) -> Path:
         "#!/bin/sh\n"
         f"PYTHONPATH={Path(__file__).resolve().parents[2]}${{PYTHONPATH:+:$PYTHONPATH}}\n"
         "export PYTHONPATH\n"
-        f'exec {sys.executable} -m substrate_gpu.simulation.runsc "$@"\n',
+        f'exec {sys.executable} -m substrate_gpu.testing.runsc "$@"\n',
     )
     return script
 

@@ -1,0 +1,18 @@
+"""The public test kit: a simulated GPU node, tool stand-ins and an in-process sandbox runtime.
+
+What kopf ships as ``kopf.testing`` and structlog as ``structlog.testing``: pieces for testing
+code built on substrate-gpu where a GPU, the NVIDIA toolkit or gVisor cannot run. Production
+modules never import this package (``tests/test_import_graph.py`` walks the import graph);
+only the demo (:mod:`substrate_gpu.demo`, the ``demo`` command and ``agent --demo``), the
+test suite and the benchmarks do.
+
+- :mod:`.node`: a simulated node under a directory (char device nodes, real gcc-built ELF
+  driver libraries, the toolkit stand-ins installed as scripts).
+- :mod:`.bundles`: OCI bundles with a static busybox rootfs.
+- :mod:`.nvidia_ctk`, :mod:`.nvidia_cdi_hook`, :mod:`.runsc`: stand-ins for the real tools,
+  runnable with ``python -m``; they reproduce the documented command lines, output shapes and
+  failure modes (see docs/gpu-injection.md, "Stand-ins", and tests/standins/README.md), and
+  are not mocks of our code. The runsc stand-in runs every sandbox as a real runc container.
+- :mod:`.sandboxes`: :class:`~.sandboxes.SimulatedSandboxes`, an in-process runsc and CUDA
+  context probe for machines without runc.
+"""
