@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_demo(config: config_.AgentConfig) -> int:
-    from substrate_gpu import demo  # noqa: PLC0415  (imports the simulation: demo mode only)
+    from substrate_gpu import demo  # noqa: PLC0415  (imports the test kit: demo mode only)
 
     with tempfile.TemporaryDirectory(prefix="substrate-gpu-agent-demo-") as tmp:
         workdir = Path(tmp)
