@@ -34,7 +34,6 @@ each batch as it is written), so rotation never reads the log back.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -45,12 +44,13 @@ from typing import Protocol, Self
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+import structlog
 
 from substrate_gpu import _atomic
 from substrate_gpu.eventlog import errors, format, reader, replayer, snapshot
 from substrate_gpu.lifecycle import events, machine
 
-_log = logging.getLogger(__name__)
+_log = structlog.get_logger(__name__)
 
 
 class AppendMetrics(Protocol):
@@ -136,7 +136,9 @@ class EventLog:
             raise ValueError("max_batch must be at least 1 and max_delay not negative")
         contents = await anyio.to_thread.run_sync(_prepare, path)
         if contents.torn_tail is not None:
-            _log.warning("event log %s: %s", path, contents.torn_tail.describe())
+            _log.warning(
+                "event log has a torn tail", path=str(path), tail=contents.torn_tail.describe()
+            )
         tracker = None
         if rotate_bytes is not None:
             tracker = await anyio.to_thread.run_sync(_tracker, contents, machine_spec)
@@ -296,7 +298,7 @@ class EventLog:
             # The batch itself is durable; a failed rotation leaves a readable log (module
             # doc), but this writer's file handle may no longer be the log's: stop here.
             self._failed = e
-            _log.exception("event log %s: rotation failed", self.path)
+            _log.exception("event log rotation failed", path=str(self.path))
             return
         self.rotations += 1
 

@@ -37,11 +37,12 @@ Decisions worth knowing:
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+import structlog
 
 from substrate_gpu import cudackpt, exceptions, preflight
 from substrate_gpu.lifecycle import events
@@ -50,7 +51,7 @@ from substrate_gpu.lifecycle.gpu import GpuSettings
 from substrate_gpu.probes.api import CudaContextProbe
 from substrate_gpu.runsc import api as runsc
 
-_log = logging.getLogger(__name__)
+_log = structlog.get_logger(__name__)
 
 #: The outcome event types each effect can produce (the loader checks the effect's state
 #: accepts every one of them). ``effect_timed_out`` comes from the pipeline's timeout.
@@ -251,7 +252,7 @@ def _write_manifest(gpu: GpuSettings, image: Path, route: str) -> None:
     and an exec-route image is not resumed; logged)."""
     facts = gpu.host_facts()
     if isinstance(facts, preflight.Refusal):
-        _log.warning("checkpoint %s has no manifest: %s", image, facts.reason)
+        _log.warning("checkpoint has no manifest", image=str(image), reason=facts.reason)
         return
     manifest = preflight.CheckpointManifest(
         driver_version=facts.driver_version,
@@ -262,7 +263,7 @@ def _write_manifest(gpu: GpuSettings, image: Path, route: str) -> None:
     try:
         preflight.write_manifest(image, manifest)
     except preflight.PreflightError as e:
-        _log.warning("checkpoint %s has no manifest: %s", image, e)
+        _log.warning("checkpoint has no manifest", image=str(image), reason=str(e))
 
 
 async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:

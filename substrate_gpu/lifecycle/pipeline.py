@@ -25,7 +25,6 @@ is what recovery reconciles from the event log.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -34,12 +33,13 @@ from typing import Protocol, runtime_checkable
 
 import anyio
 import anyio.lowlevel
+import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from substrate_gpu.lifecycle import actors, effects, errors, events, hooks
 
-_log = logging.getLogger(__name__)
+_log = structlog.get_logger(__name__)
 
 
 @runtime_checkable
@@ -267,12 +267,12 @@ class Pipeline:
         if step.refusal is not None or (step.reason is not None and step.dest != step.source):
             # Refusals and failures are what an operator looks for in the logs.
             _log.warning(
-                "actor %s: %s -> %s on %s: %s",
-                accepted.actor_id,
-                step.source,
-                step.dest,
-                accepted.type,
-                step.reason,
+                "transition refused or failed",
+                actor_id=accepted.actor_id,
+                source=step.source,
+                dest=step.dest,
+                event_type=accepted.type,
+                reason=step.reason,
             )
         metrics = self._metrics
         if metrics is not None:
@@ -287,7 +287,7 @@ class Pipeline:
                 observer(transition)
             except Exception:  # noqa: BLE001 (logged; see below)
                 # An observer's bug must not wedge the lifecycle of every actor.
-                _log.exception("transition observer %r failed", observer)
+                _log.exception("transition observer failed", observer=repr(observer))
         return step
 
     # --- running effects --------------------------------------------------------------------
@@ -322,7 +322,7 @@ class Pipeline:
             except Exception as e:  # noqa: BLE001 (turned into a failure outcome)
                 # Effects report expected failures as outcomes; anything else is a bug in a
                 # collaborator. The actor must still land on an explicit failure transition.
-                _log.exception("effect %s of actor %s raised", effect, job.actor_id)
+                _log.exception("effect raised", effect=effect, actor_id=job.actor_id)
                 outcome = effects.failure_outcome(effect, view, f"unexpected error: {e!r}")
             if self._metrics is not None:
                 self._metrics.effect_finished(effect, outcome.type, time.monotonic() - started)
@@ -330,10 +330,10 @@ class Pipeline:
                 step = await self._accept(outcome)
             except errors.InvalidEvent:
                 # The loader checks every in-flight state accepts its effect's outcomes.
-                _log.exception("outcome of effect %s refused by the machine", effect)
+                _log.exception("effect outcome refused by the machine", effect=effect)
                 return
             except Exception:  # noqa: BLE001 (logged; the pipeline is marked broken)
                 # The recorder failed: _accept marked the pipeline broken; submit says why.
-                _log.exception("recording the outcome of effect %s failed", effect)
+                _log.exception("recording an effect outcome failed", effect=effect)
                 return
             effect, cause = step.effect, step.event
