@@ -2,7 +2,7 @@
 
 Tests that need root (mknod, mounts) or a real runc skip on a developer machine without
 them, but **fail** when ``SUBSTRATE_GPU_REQUIRE_REAL=1`` (set by ``.ci/run``), so CI can
-never go green by skipping the end-to-end tests.
+never go green by skipping the end-to-end tests (the rule lives in ``support/real.py``).
 """
 
 from __future__ import annotations
@@ -11,21 +11,14 @@ import os
 import shutil
 
 import pytest
-
-REQUIRE_REAL = os.environ.get("SUBSTRATE_GPU_REQUIRE_REAL") == "1"
-
-
-def _missing(what: str) -> None:
-    if REQUIRE_REAL:
-        pytest.fail(f"{what} is required here (SUBSTRATE_GPU_REQUIRE_REAL=1)")
-    pytest.skip(f"{what} is not available")
+from support.real import missing
 
 
 @pytest.fixture(scope="session")
 def require_root() -> None:
     """Skip (or fail under CI) unless running as root."""
     if os.geteuid() != 0:
-        _missing("root")
+        missing("root")
 
 
 @pytest.fixture(scope="session")
@@ -33,8 +26,7 @@ def runc_path(require_root: None) -> str:
     """The real runc binary (skip, or fail under CI, when absent)."""
     path = shutil.which("runc")
     if path is None:
-        _missing("runc")
-        raise AssertionError("unreachable")
+        missing("runc")
     return path
 
 

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support.real import missing
 
 from substrate_gpu import cdi
 from substrate_gpu.injection import bundle as bundle_
@@ -36,9 +37,7 @@ def podman(require_root, tmp_path_factory) -> list[str]:
     """podman with private, throw-away storage, and a busybox image imported into it."""
     binary = shutil.which("podman")
     if binary is None:
-        if os.environ.get("SUBSTRATE_GPU_REQUIRE_REAL") == "1":
-            pytest.fail("podman is required here (SUBSTRATE_GPU_REQUIRE_REAL=1)")
-        pytest.skip("podman is not installed")
+        missing("podman", "is not installed")
     state = tmp_path_factory.mktemp("podman")
     cmd = [
         binary,

@@ -7,7 +7,6 @@ The binaries follow the suite's rule: skip on a developer machine without them, 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,18 +14,16 @@ from pathlib import Path
 import pytest
 import structlog
 from prometheus_client import CollectorRegistry
+from support.real import missing
 
 REPO = Path(__file__).resolve().parents[2]
 METRICS_DIR = REPO / "metrics"
-REQUIRE_REAL = os.environ.get("SUBSTRATE_GPU_REQUIRE_REAL") == "1"
 
 
 def _binary(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        if REQUIRE_REAL:
-            pytest.fail(f"{name} is required here (SUBSTRATE_GPU_REQUIRE_REAL=1)")
-        pytest.skip(f"{name} is not available")
+        missing(name)
     return path
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from rootfs_worlds import World
+from support.real import missing
 
 from substrate_gpu.rootfs import confined
 
@@ -36,6 +37,6 @@ def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
         finally:
             os.close(fd)
         if probe is None:
-            pytest.skip("openat2(RESOLVE_IN_ROOT) is not available here")
+            missing("openat2(RESOLVE_IN_ROOT)")
         os.close(probe)
     yield request.param

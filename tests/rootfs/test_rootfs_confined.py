@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rootfs_worlds import World, tree_snapshot
+from support.real import missing
 
 from substrate_gpu.exceptions import RootfsEscapeError
 from substrate_gpu.rootfs import confined
@@ -347,7 +348,7 @@ def test_userspace_walk_agrees_with_openat2(layout: dict[str, str | None], path:
     finally:
         os.close(kernel_probe)
     if probe is None:
-        pytest.skip("openat2(RESOLVE_IN_ROOT) is not available here")
+        missing("openat2(RESOLVE_IN_ROOT)")
     os.close(probe)
     with tempfile.TemporaryDirectory() as top:
         root = Path(top)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from rootfs_worlds import World, tree_snapshot
 from structlog.testing import capture_logs
 from support import elflibs
+from support.real import missing
 
 from substrate_gpu.exceptions import InjectionError
 from substrate_gpu.rootfs import staging
@@ -39,7 +40,7 @@ def _ldconfig_links(libraries: Sequence[Path], work: Path) -> dict[str, str]:
     """The symlinks `ldconfig -n` creates in a directory holding copies of ``libraries``."""
     ldconfig = shutil.which("ldconfig") or shutil.which("ldconfig", path="/usr/sbin:/sbin")
     if ldconfig is None:
-        pytest.skip("ldconfig is not available")
+        missing("ldconfig")
     work.mkdir()
     for library in libraries:
         shutil.copy2(library, work / library.name)

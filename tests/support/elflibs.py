@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+from support.real import missing
 
 _lock = threading.Lock()
 _built: dict[tuple[object, ...], Path] = {}
@@ -44,7 +44,7 @@ def gcc_path() -> str:
     """gcc on PATH, or skip the test."""
     path = shutil.which("gcc")
     if path is None:
-        pytest.skip("gcc is not available")
+        missing("gcc")
     return path
 
 
@@ -84,7 +84,7 @@ def _compile(spec: LibrarySpec) -> Path:
             return _built[key]
     gcc = gcc_path()
     if spec.elfclass == 32 and not supports_m32():
-        pytest.skip("gcc cannot build 32-bit objects here")
+        missing("gcc -m32", "cannot build 32-bit objects here")
     work = Path(tempfile.mkdtemp(dir=_work_dir()))
     source = work / "lib.c"
     code = f"int {spec.symbol}(void) {{ return 42; }}\n"
@@ -167,7 +167,7 @@ def readelf_soname(path: Path) -> str | None:
     """The SONAME ``readelf -d`` reports (binutils: the reference reader), or ``None``."""
     readelf = shutil.which("readelf")
     if readelf is None:
-        pytest.skip("readelf is not available")
+        missing("readelf")
     output = subprocess.run(
         [readelf, "-d", "-W", str(path)], capture_output=True, text=True, check=False
     ).stdout
