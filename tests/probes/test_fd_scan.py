@@ -108,6 +108,18 @@ async def test_finds_a_process_holding_the_node(
     )
 
 
+async def test_a_handle_on_a_removed_node_still_counts(
+    probe: fd_scan.FdScanProbe, holder: Holder, node: Path
+) -> None:
+    """A node unlinked while held (the kernel shows ``<path> (deleted)``) is still a client."""
+    fd = int(holder.ask("open"))
+    node.unlink()
+    assert os.readlink(f"/proc/{holder.pid}/fd/{fd}") == f"{node} (deleted)"
+    assert await probe.live_clients((holder.pid,)) == (
+        api.GpuClient(pid=holder.pid, fd=fd, target=str(node)),
+    )
+
+
 async def test_nothing_after_the_fd_closes(probe: fd_scan.FdScanProbe, holder: Holder) -> None:
     """Once the process closes the node, the probe reports nothing."""
     holder.ask("open")

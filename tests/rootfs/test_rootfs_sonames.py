@@ -251,6 +251,54 @@ def test_string_table_outside_every_load_segment_is_unreadable() -> None:
     assert "no PT_LOAD" in result.reason
 
 
+def _with_strsz(path: Path, strsz: Callable[[int], int]) -> bytes:
+    """A real library's bytes with DT_STRSZ rewritten to ``strsz(DT_SONAME's offset)``."""
+    data = bytearray(path.read_bytes())
+    with path.open("rb") as f:
+        elf = ELFFile(f)
+        (dynamic,) = (s for s in elf.iter_segments() if s["p_type"] == "PT_DYNAMIC")
+        entry_size = 16 if elf.elfclass == 64 else 8
+        entries = [
+            (dynamic["p_offset"] + i * entry_size, tag.entry.d_tag, tag.entry.d_val)
+            for i, tag in enumerate(dynamic.iter_tags())
+        ]
+    (soname_offset,) = (value for _, tag, value in entries if tag == "DT_SONAME")
+    (field,) = (at + entry_size // 2 for at, tag, _ in entries if tag == "DT_STRSZ")
+    data[field : field + entry_size // 2] = strsz(soname_offset).to_bytes(entry_size // 2, "little")
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("strsz", "reason"),
+    [
+        # The string table ends before the SONAME starts; the bytes read would be whatever
+        # follows the table (here: the real SONAME, so only the bound can tell).
+        pytest.param(lambda offset: offset, "past the end of the string table", id="ends-before"),
+        # The table ends inside the SONAME: its NUL lies outside the table.
+        pytest.param(
+            lambda offset: offset + 3, "not terminated within the string table", id="ends-inside"
+        ),
+    ],
+)
+def test_soname_is_bounded_by_dt_strsz(
+    libdir: Path, strsz: Callable[[int], int], reason: str
+) -> None:
+    """A SONAME not wholly inside DT_STRSZ bytes of string table is unreadable, not read on."""
+    path = elflibs.build_shared_library(libdir, "libstrsz.so.1.0", "libstrsz.so.1")
+    with path.open("rb") as f:
+        assert read_soname(f) == SonameFound("libstrsz.so.1")
+    result = read_soname_from_bytes(_with_strsz(path, strsz))
+    assert isinstance(result, SonameUnreadable)
+    assert reason in result.reason
+
+
+def test_soname_ending_exactly_at_dt_strsz_is_read(libdir: Path) -> None:
+    """The bound is inclusive of the SONAME's NUL: a table ending right after it still reads."""
+    path = elflibs.build_shared_library(libdir, "libstrsz2.so.1.0", "libstrsz2.so.1")
+    data = _with_strsz(path, lambda offset: offset + len(b"libstrsz2.so.1\0"))
+    assert read_soname_from_bytes(data) == SonameFound("libstrsz2.so.1")
+
+
 def test_io_error_is_unreadable() -> None:
     """An OSError while reading gives SonameUnreadable."""
 
