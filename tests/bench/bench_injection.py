@@ -1,6 +1,6 @@
 """Benchmark: GPU injection on the real toolkit-1.20 T4 spec, against ldconfig -n.
 
-Run: ``.venv/bin/python tests/bench/bench_injection.py [--rounds 41] [--base DIR ...]``.
+Run: ``.venv/bin/python tests/bench/bench_injection.py [--rounds 41] [--base DIR ...] [--smoke]``.
 Not collected by pytest.
 
 The real T4 spec (tests/data/cdi/real-world/kwx4957-study…yaml: 6 device nodes, 50 mounts,
@@ -169,7 +169,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=41)
     parser.add_argument("--base", type=Path, action="append", help="directories to run in")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, a few seconds, nothing judged (the test suite runs this)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.base = 1, args.base or [Path(tempfile.gettempdir())]
     import logging
 
     import structlog

@@ -1,6 +1,6 @@
 """Lifecycle benchmark: run as a script, prints every figure side by side in one run.
 
-    .venv/bin/python tests/bench/bench_lifecycle.py [--actors 10000] [--idle 100000]
+    .venv/bin/python tests/bench/bench_lifecycle.py [--actors 10000] [--idle 100000] [--smoke]
 
 1. Events/s through the machine with N actors living whole lives (register → run → suspend
    refused → suspend → restore → delete), transitions' Machine against a plain dict
@@ -184,7 +184,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--actors", type=int, default=10_000)
     parser.add_argument("--idle", type=int, default=100_000)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, a few seconds, nothing judged (the test suite runs this)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.actors, args.idle = 20, 200
 
     core = bench_core(args.actors)
     agent = bench_agent(args.actors)

@@ -1,12 +1,13 @@
 """Benchmark: rendering /metrics with 100,000 actors against an empty registry.
 
-Run: ``.venv/bin/python tests/bench/bench_metrics.py``. Target: ≤ 50 ms per render at
+Run: ``.venv/bin/python tests/bench/bench_metrics.py [--smoke]``. Target: ≤ 50 ms per render at
 100,000 actors, and the same number of series as with no actor at all (the per-state
 gauge is read from incrementally kept counts, and actor ids never become label values).
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import statistics
 import time
@@ -94,6 +95,15 @@ def _report(label: str, measure: Callable[[], tuple[float, float, int]]) -> tupl
 
 
 def main() -> None:
+    global ACTORS, RENDERS
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, a few seconds, nothing judged (the test suite runs this)",
+    )
+    if parser.parse_args().smoke:
+        ACTORS, RENDERS = 200, 2
     empty = _empty()
     populated, record_s = _populated()
     transitions = sum(len(_LIFE if i % 2 else _LIFE[:7]) for i in range(ACTORS))

@@ -1,6 +1,6 @@
 """Benchmark: SONAME reads and link staging against pyelftools' naive reader and ldconfig.
 
-Run: ``.venv/bin/python tests/bench/bench_sonames.py [--libraries 40] [--rounds 7]``.
+Run: ``.venv/bin/python tests/bench/bench_sonames.py [--libraries 40] [--rounds 7] [--smoke]``.
 Not collected by pytest. Builds ~40 real libraries with gcc (some padded to MiBs of .data),
 then prints, side by side, the median over rounds of:
 
@@ -70,7 +70,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--libraries", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, a few seconds, nothing judged (the test suite runs this)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.libraries, args.rounds = 4, 1
     count, rounds = args.libraries, args.rounds
     ldconfig = shutil.which("ldconfig") or shutil.which("ldconfig", path="/usr/sbin:/sbin")
 

@@ -1,0 +1,61 @@
+"""Every benchmark still runs: each ``tests/bench/*.py`` in its ``--smoke`` mode.
+
+Benchmarks are run on demand (tests/bench/README.md), so nothing else notices when one stops
+running. Scripts are discovered by glob: a new benchmark is covered the day it lands, and
+must have a ``--smoke`` mode (tiny sizes, seconds, no timing judged). Timings are never
+asserted here, only that the script runs to the end and prints its figures.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent / "bench"
+REPO = BENCH.parents[1]
+
+#: Benchmarks that crash on this branch for a reason owned elsewhere. strict: the marker
+#: fails the suite as soon as the script runs again, so it cannot outlive the fix.
+BROKEN_ELSEWHERE = {
+    "bench_lifecycle.py": "issue 10 defect 6: its event stream predates GPU-aware suspend "
+    "(probing refuses suspend_requested); rewritten with the machine registry",
+}
+
+
+def _scripts() -> list[object]:
+    return [
+        pytest.param(
+            path,
+            id=path.name,
+            marks=[pytest.mark.xfail(reason=BROKEN_ELSEWHERE[path.name], strict=True)]
+            if path.name in BROKEN_ELSEWHERE
+            else [],
+        )
+        for path in sorted(BENCH.glob("*.py"))
+    ]
+
+
+def test_benchmarks_are_discovered():
+    """The glob finds the benchmark scripts (an empty parametrisation would test nothing)."""
+    assert {p.name for p in BENCH.glob("*.py")} >= {"bench_injection.py", "bench_sonames.py"}
+
+
+@pytest.mark.parametrize("script", _scripts())
+def test_benchmark_runs_in_smoke_mode(script: Path, tmp_path: Path):
+    """``<script> --smoke`` exits 0 within a minute and prints figures."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, str(script), "--smoke"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert any(ch.isdigit() for ch in result.stdout), result.stdout
