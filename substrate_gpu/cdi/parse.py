@@ -44,7 +44,7 @@ from typing import Final, NoReturn
 import yaml
 
 from substrate_gpu import exceptions
-from substrate_gpu.cdi import model, versions
+from substrate_gpu.cdi import bodies, model, versions
 
 try:
     from yaml import CSafeLoader as _SafeLoader
@@ -67,28 +67,15 @@ HOOK_NAMES: Final = frozenset(
 #: Device node types: block, char, unbuffered char, FIFO.
 DEVICE_TYPES: Final = frozenset({"b", "c", "u", "p"})
 
-_SPEC_FIELDS: Final = frozenset({"cdiVersion", "kind", "annotations", "devices", "containerEdits"})
-_DEVICE_FIELDS: Final = frozenset({"name", "annotations", "containerEdits"})
-_EDITS_FIELDS: Final = frozenset(
-    {"env", "deviceNodes", "hooks", "mounts", "intelRdt", "additionalGids", "netDevices"}
-)
-_NODE_FIELDS: Final = frozenset(
-    {"path", "hostPath", "type", "major", "minor", "fileMode", "permissions", "uid", "gid"}
-)
-_MOUNT_FIELDS: Final = frozenset({"hostPath", "containerPath", "options", "type"})
-_HOOK_FIELDS: Final = frozenset({"hookName", "path", "args", "env", "timeout"})
-_RDT_FIELDS: Final = frozenset(
-    {
-        "closID",
-        "l3CacheSchema",
-        "memBwSchema",
-        "schemata",
-        "enableMonitoring",
-        "enableCMT",
-        "enableMBM",
-    }
-)
-_NET_DEVICE_FIELDS: Final = frozenset({"hostInterfaceName", "name"})
+# The fields each object may have, from the wire format's one definition.
+_SPEC_FIELDS: Final = bodies.fields_of(bodies.SpecBody)
+_DEVICE_FIELDS: Final = bodies.fields_of(bodies.DeviceBody)
+_EDITS_FIELDS: Final = bodies.fields_of(bodies.ContainerEditsBody)
+_NODE_FIELDS: Final = bodies.fields_of(bodies.DeviceNodeBody)
+_MOUNT_FIELDS: Final = bodies.fields_of(bodies.MountBody)
+_HOOK_FIELDS: Final = bodies.fields_of(bodies.HookBody)
+_RDT_FIELDS: Final = bodies.fields_of(bodies.IntelRdtBody)
+_NET_DEVICE_FIELDS: Final = bodies.fields_of(bodies.NetDeviceBody)
 
 _V110: Final = versions.as_tuple("1.1.0")
 

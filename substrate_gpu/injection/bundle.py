@@ -20,7 +20,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import structlog
 
@@ -130,7 +130,8 @@ def read_config(bundle: Path) -> oci.OciConfig:
         raise exceptions.InjectionError(
             f"while injecting GPUs into bundle {bundle}: {path} is not a JSON object"
         )
-    return config
+    # Typed for what it should hold; nested values are checked where they are used.
+    return cast("oci.OciConfig", config)
 
 
 def rootfs_of(bundle: Path, config: oci.OciConfig) -> Path:

@@ -27,10 +27,11 @@ import copy
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from substrate_gpu import exceptions
 from substrate_gpu.injection import hooks as hooks_
+from substrate_gpu.injection import oci_bodies
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -38,8 +39,8 @@ if TYPE_CHECKING:
     from substrate_gpu.cdi import model
     from substrate_gpu.injection.devices import ResolvedDevice
 
-#: An OCI runtime config (config.json) as parsed JSON.
-OciConfig = dict[str, object]
+#: An OCI runtime config (config.json) as parsed JSON (field types: :mod:`.oci_bodies`).
+OciConfig = oci_bodies.Config
 
 _VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 _LD_LIBRARY_PATH = "LD_LIBRARY_PATH"
@@ -205,8 +206,8 @@ def merge_env(image_env: Iterable[str], plan: InjectionPlan) -> list[str]:
     return env
 
 
-def _device_entry(device: ResolvedDevice) -> dict[str, object]:
-    entry: dict[str, object] = {
+def _device_entry(device: ResolvedDevice) -> oci_bodies.LinuxDevice:
+    entry: oci_bodies.LinuxDevice = {
         "path": device.path,
         "type": device.type,
         "major": device.major,
@@ -221,7 +222,7 @@ def _device_entry(device: ResolvedDevice) -> dict[str, object]:
     return entry
 
 
-def _cgroup_rule(device: ResolvedDevice) -> dict[str, object]:
+def _cgroup_rule(device: ResolvedDevice) -> oci_bodies.LinuxDeviceCgroup:
     return {
         "allow": True,
         "type": device.type,
@@ -231,7 +232,7 @@ def _cgroup_rule(device: ResolvedDevice) -> dict[str, object]:
     }
 
 
-def _mount_entry(mount: model.Mount) -> dict[str, object]:
+def _mount_entry(mount: model.Mount) -> oci_bodies.Mount:
     return {
         "destination": mount.container_path,
         "type": mount.type or "bind",
@@ -240,8 +241,8 @@ def _mount_entry(mount: model.Mount) -> dict[str, object]:
     }
 
 
-def _hook_entry(hook: model.Hook) -> dict[str, object]:
-    entry: dict[str, object] = {"path": hook.path, "args": list(hook.args)}
+def _hook_entry(hook: model.Hook) -> oci_bodies.Hook:
+    entry: oci_bodies.Hook = {"path": hook.path, "args": list(hook.args)}
     if hook.env:
         entry["env"] = list(hook.env)
     if hook.timeout is not None:
@@ -265,7 +266,9 @@ def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False
     config has the wrong shape where we must write.
     """
     result = config if in_place else copy.deepcopy(config)
-    linux = _child(result, "linux", "")
+    # Walked as untrusted JSON: every level is type-checked before it is written to.
+    raw = cast("dict[str, object]", result)
+    linux = _child(raw, "linux", "")
     devices = _list(linux, "devices", ".linux")
     present = {d.get("path") for d in devices if isinstance(d, dict)}
     devices.extend(_device_entry(d) for d in plan.devices if d.path not in present)
@@ -277,12 +280,12 @@ def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False
             rules.append(rule)
 
     if plan.mounts:
-        mounts = _list(result, "mounts", "")
+        mounts = _list(raw, "mounts", "")
         taken = {m.get("destination") for m in mounts if isinstance(m, dict)}
         mounts.extend(_mount_entry(m) for m in plan.mounts if m.container_path not in taken)
         mounts.sort(key=_depth)  # stable: equal depths keep their order
 
-    process = _child(result, "process", "")
+    process = _child(raw, "process", "")
     image_env = [str(e) for e in _list(process, "env", ".process")]
     process["env"] = merge_env(image_env, plan)
 
@@ -292,7 +295,7 @@ def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False
         gids.extend(g for g in plan.additional_gids if g not in gids)
 
     if plan.hooks:
-        hook_list = _list(_child(result, "hooks", ""), hooks_.HOOK_POINT, ".hooks")
+        hook_list = _list(_child(raw, "hooks", ""), hooks_.HOOK_POINT, ".hooks")
         for hook in plan.hooks:
             entry = _hook_entry(hook)
             if entry not in hook_list:

@@ -34,7 +34,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
+
+if TYPE_CHECKING:
+    from substrate_gpu.pools import bodies
 
 __all__ = [
     "API_GROUP",
@@ -143,7 +146,7 @@ class Toleration:
     toleration_seconds: int | None = None
     """How long a NoExecute taint is tolerated."""
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> bodies.TolerationBody:
         """The Kubernetes JSON form, without unset fields."""
         raw: dict[str, object] = {
             "key": self.key,
@@ -152,7 +155,7 @@ class Toleration:
             "effect": self.effect,
             "tolerationSeconds": self.toleration_seconds,
         }
-        return {k: v for k, v in raw.items() if v is not None}
+        return cast("bodies.TolerationBody", {k: v for k, v in raw.items() if v is not None})
 
 
 @dataclass(frozen=True)

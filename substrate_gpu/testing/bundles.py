@@ -14,10 +14,11 @@ import shutil
 from pathlib import Path
 
 from substrate_gpu import exceptions
+from substrate_gpu.injection import oci_bodies
 
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 
-_RUNC_SPEC: dict[str, object] = {
+_RUNC_SPEC: oci_bodies.Config = {
     "ociVersion": "1.0.2-dev",
     "process": {
         "terminal": False,
@@ -107,7 +108,7 @@ def make_busybox_rootfs(rootfs: Path) -> Path:
     return rootfs
 
 
-def runc_spec() -> dict[str, object]:
+def runc_spec() -> oci_bodies.Config:
     """A fresh copy of the default config."""
     return copy.deepcopy(_RUNC_SPEC)
 
@@ -123,8 +124,6 @@ def make_bundle(
     make_busybox_rootfs(directory / "rootfs")
     config = runc_spec()
     process = config["process"]
-    if not isinstance(process, dict):  # pragma: no cover  (the template above)
-        raise TypeError("runc spec template has no process object")
     process["args"] = list(args)
     if env is not None:
         process["env"] = list(env)

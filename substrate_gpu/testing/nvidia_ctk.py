@@ -37,6 +37,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from substrate_gpu.cdi import bodies
 
 TOOLS = (
     "nvidia-cuda-mps-control",
@@ -61,13 +65,13 @@ def _version() -> tuple[int, ...]:
     return tuple(int(p) for p in raw.split(".")[:3])
 
 
-def _node(system_root: Path, dev_root: Path, name: str) -> dict[str, object] | None:
+def _node(system_root: Path, dev_root: Path, name: str) -> bodies.DeviceNodeBody | None:
     host = system_root / dev_root.relative_to("/") / "dev" / name
     try:
         st = host.stat()
     except OSError:
         return None
-    node: dict[str, object] = {"path": f"/dev/{name}"}
+    node: bodies.DeviceNodeBody = {"path": f"/dev/{name}"}
     if str(dev_root) != "/":
         node["hostPath"] = str(dev_root / "dev" / name)
     if stat.S_ISCHR(st.st_mode) and _version() >= (1, 19):
@@ -84,7 +88,7 @@ def _uuid(dev_root: Path, index: int) -> str:
     return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
-def _hook(hook_path: str, *args: str) -> dict[str, object]:
+def _hook(hook_path: str, *args: str) -> bodies.HookBody:
     return {
         "hookName": "createContainer",
         "path": hook_path,
@@ -100,7 +104,7 @@ def build_spec(
     library_dirs: list[Path],
     hook_path: str,
     path_env: str,
-) -> dict[str, object]:
+) -> bodies.SpecBody:
     """The spec the real 1.20 toolkit would write for this node."""
     try:
         names = sorted(p.name for p in (system_root / dev_root.relative_to("/") / "dev").iterdir())
@@ -128,19 +132,19 @@ def build_spec(
     version = libcuda.name.removeprefix("libcuda.so.") if libcuda else "unknown"
     libdir = str(libcuda.parent) if libcuda else str(library_dirs[0])
 
-    devices: list[dict[str, object]] = []
-    all_nodes: list[dict[str, object]] = []
+    devices: list[bodies.DeviceBody] = []
+    all_nodes: list[bodies.DeviceNodeBody] = []
     for index in gpus:
         node = _node(system_root, dev_root, f"nvidia{index}")
         if node is None:
             continue
         all_nodes.append(node)
-        edits = {"deviceNodes": [node]}
+        edits: bodies.ContainerEditsBody = {"deviceNodes": [node]}
         devices.append({"name": str(index), "containerEdits": edits})
         devices.append({"name": _uuid(dev_root, index), "containerEdits": edits})
     devices.append({"name": "all", "containerEdits": {"deviceNodes": all_nodes}})
 
-    mounts: list[dict[str, object]] = []
+    mounts: list[bodies.MountBody] = []
     for tool in TOOLS:
         found = shutil.which(tool, path=path_env)
         if found:
@@ -171,7 +175,7 @@ def build_spec(
     }
 
 
-def _yaml(spec: dict[str, object]) -> str:
+def _yaml(spec: bodies.SpecBody) -> str:
     import yaml  # noqa: PLC0415  (YAML output only)
 
     class _NoAliases(yaml.SafeDumper):
