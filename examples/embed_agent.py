@@ -12,7 +12,7 @@ from pathlib import Path
 
 import anyio
 
-from substrate_gpu.lifecycle import Agent, events
+from substrate_gpu import Agent, events
 from substrate_gpu.probes.api import GpuClient
 from substrate_gpu.runsc.api import ContainerState, RunscFeatures
 
