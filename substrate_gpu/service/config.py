@@ -46,7 +46,7 @@ class AgentConfig:
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     """On SIGTERM/SIGINT: seconds to let running effects finish before closing."""
     extra_env: tuple[tuple[str, str], ...] = ()
-    """Environment added to nvidia-ctk's (the demo's simulated node knobs)."""
+    """Environment added to nvidia-ctk's (a proxy, a toolkit setting, a stand-in's knobs)."""
     driver_preflight: bool = True
     """Refuse, before any sandbox exists, a driver ``runsc nvproxy list-supported-drivers``
     does not list, and restores onto another driver or fewer GPUs."""
