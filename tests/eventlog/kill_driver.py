@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from substrate_gpu import eventlog
 from substrate_gpu.lifecycle import Agent, errors, events
+from substrate_gpu.observability import configure_logging
 from substrate_gpu.probes.api import GpuClient
 from substrate_gpu.runsc import api as runsc
 
@@ -259,4 +260,6 @@ async def main(root: Path, phase: str, rotate: str) -> None:
 
 
 if __name__ == "__main__":
+    # As the agent's CLI does: stdout carries only the acks, logs go to stderr.
+    configure_logging(stream=sys.stderr)
     anyio.run(main, Path(sys.argv[1]), sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "4096")
