@@ -18,16 +18,6 @@ import pytest
 BENCH = Path(__file__).resolve().parent / "bench"
 REPO = BENCH.parents[1]
 
-#: Benchmarks that crash on this branch for a reason owned elsewhere: (why, the crash's
-#: signature on stderr). Only that crash is tolerated; once the script runs, this test fails
-#: until its entry is removed, so an entry cannot outlive the fix.
-BROKEN_ELSEWHERE = {
-    "bench_lifecycle.py": (
-        "issue 10 defect 6: its event stream predates GPU-aware suspend; being rewritten",
-        "refused event 'suspend_requested'",
-    ),
-}
-
 
 def test_benchmarks_are_discovered():
     """The glob finds the benchmark scripts (an empty parametrisation would test nothing)."""
@@ -47,11 +37,5 @@ def test_benchmark_runs_in_smoke_mode(script: Path, tmp_path: Path):
         timeout=120,
         check=False,
     )
-    known = BROKEN_ELSEWHERE.get(script.name)
-    if known is not None:
-        why, signature = known
-        assert result.returncode != 0, f"{script.name} runs now: remove it from BROKEN_ELSEWHERE"
-        if signature in result.stderr:
-            pytest.xfail(why)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert any(ch.isdigit() for ch in result.stdout), result.stdout

@@ -5,7 +5,9 @@ An actor the log leaves in an in-flight state (a state with an ``effect:`` in
 state is durable (logged before the effect started), the outcome is not. Re-running the
 effect blindly could run it twice (a second ``runsc create``, a second checkpoint over the
 first). Instead recovery **asks the runtime** (``runsc state``) what happened and decides,
-per :func:`decide`:
+per :func:`decide`, by the effect's ``recovery`` rule in the effect registry
+(:mod:`substrate_gpu.lifecycle.registry`, which also supplies each effect's failure and
+success outcomes). The rules, as a table:
 
 ==============  =====================================  ===========================================
 state (effect)  the runtime says                       recovery
@@ -21,14 +23,18 @@ starting        missing, creating, stopped             ``effect_failed`` (start)
 checkpointing   running, paused                        ``checkpoint_failed``, sandbox survived
 checkpointing   gone (stopped, missing), image whole   delete leftover, ``checkpoint_written``
 checkpointing   gone, no whole image                   ``checkpoint_failed``, sandbox lost
-restoring       running, paused                        ``restored``
+restoring       running, paused                        ``restored`` (exec-route CUDA state
+                                                       when the checkpoint keeps CUDA pids)
 restoring       missing, creating, created, stopped    delete leftover, ``restore_failed``
 deleting        missing                                ``deleted``
 deleting        exists                                 rerun ``delete`` (``--force``, idempotent)
 cuda_resuming   running, paused                        rerun ``cuda_resume`` (idempotent)
 cuda_resuming   gone                                   ``cuda_resume_failed``, sandbox lost
+cuda_suspending (not asked)                            ``effect_timed_out`` (which processes
+                                                       were locked is not logged: failed,
+                                                       a retry replaces the sandbox)
 any             state unreadable (runsc error)         the effect's failure outcome
-other effects   (not asked)                            ``effect_timed_out`` (accepted by every
+unknown effect  (not asked)                            ``effect_timed_out`` (accepted by every
                                                        in-flight state: failed, recoverable)
 ==============  =====================================  ===========================================
 
@@ -54,19 +60,14 @@ from typing import Literal
 
 from substrate_gpu import exceptions
 from substrate_gpu.eventlog import errors, reader, replayer
-from substrate_gpu.lifecycle import actors, events, machine
+from substrate_gpu.lifecycle import actors, events, machine, registry
 from substrate_gpu.lifecycle.agent import ResumePoint
 from substrate_gpu.runsc import api as runsc
-
-#: The effects :func:`decide` has rules for.
-_RULES = frozenset(
-    {"inject", "probe", "create", "start", "checkpoint", "restore", "delete", "cuda_resume"}
-)
 
 #: Why recovery produced an outcome (in every reconciliation outcome's message).
 INTERRUPTED = "interrupted by an agent restart"
 
-Status = Literal["creating", "created", "running", "paused", "stopped", "missing", "unknown"]
+Status = registry.RuntimeStatus
 
 
 @dataclass(frozen=True)
@@ -149,11 +150,10 @@ def decide(
     image: Path | None = None,
     image_whole: bool = False,
 ) -> Decision:
-    """The rule table of the module doc, as a pure function of what the runtime said."""
+    """The effect's recovery rule (the registry's), applied to what the runtime said."""
     actor_id = view.actor_id
-    alive = status in {"running", "paused"}
-    exists = status not in {"missing", "unknown"}
-    if effect not in _RULES:
+    spec = registry.REGISTRY.get(effect)
+    if spec is None:
         # A newer machine's effect: the one outcome every in-flight state accepts, which
         # fails the actor recoverably and remembers a possible container.
         return Decision(
@@ -161,111 +161,58 @@ def decide(
             events.EffectTimedOut(actor_id=actor_id, effect=effect, seconds=0.0),
             why=f"no reconciliation rule for effect {effect!r}; failed as interrupted",
         )
+    rule = spec.recovery
+    action = rule.action(status)
+    exists = status not in {"missing", "unknown"}
+    leftover = rule.deletes_leftover and exists
+    Action = registry.RecoveryAction
     if status == "unknown":
         return Decision(
             "outcome",
-            _failure(effect, actor_id, "the runtime's state could not be read"),
+            spec.failure(view, f"{INTERRUPTED}: the runtime's state could not be read"),
             why="cannot tell what happened",
         )
-    if effect == "inject":
-        return Decision("rerun", why="injection is idempotent")
-    if effect == "probe":
-        return Decision("rerun", why="probing for CUDA contexts only reads /proc")
-    if effect == "cuda_resume":
-        if alive:
-            return Decision(
-                "rerun", why="resuming CUDA processes is idempotent (each one's state is asked)"
-            )
-        return Decision(
-            "outcome",
-            events.CudaResumeFailed(
-                actor_id=actor_id,
-                message=f"{INTERRUPTED}: the sandbox is gone",
-                sandbox_survived=False,
-            ),
-            why="the sandbox is gone",
-        )
-    if effect == "create":
-        if status == "created":
-            return Decision(
-                "outcome", events.SandboxCreated(actor_id=actor_id), why="the create completed"
-            )
-        return Decision(
-            "outcome",
-            _failure(effect, actor_id, f"the container is {status}"),
-            delete_leftover=exists,
-            why="the create did not complete",
-        )
-    if effect == "start":
-        if alive:
-            return Decision(
-                "outcome", events.SandboxStarted(actor_id=actor_id), why="the start completed"
-            )
-        if status == "created":
-            return Decision("rerun", why="the container is created, not started")
-        return Decision(
-            "outcome",
-            _failure(effect, actor_id, f"the container is {status}"),
-            why="the sandbox is not running",
-        )
-    if effect == "checkpoint":
-        if alive:
-            return Decision(
-                "outcome",
-                events.CheckpointFailed(
-                    actor_id=actor_id,
-                    message=f"{INTERRUPTED}; the sandbox still runs",
-                    sandbox_survived=True,
-                ),
-                why="the sandbox still runs; an image, if any, is not trusted",
-            )
-        if image is not None and image_whole:
-            return Decision(
-                "outcome",
-                events.CheckpointWritten(actor_id=actor_id, image_path=str(image)),
-                delete_leftover=exists,
-                why="the sandbox is gone and its image is whole",
-            )
+    if action is Action.RERUN:
+        return Decision("rerun", why=rule.why or f"the container is {status}")
+    if action is Action.SUCCEEDED:
+        assert spec.success is not None, f"effect {effect}: SUCCEEDED needs a success outcome"
+        return Decision("outcome", spec.success(view), why=f"the {effect} completed")
+    if action is Action.SANDBOX_RUNS:
         return Decision(
             "outcome",
             events.CheckpointFailed(
                 actor_id=actor_id,
-                message=f"{INTERRUPTED}; the sandbox is {status} and no whole image exists",
-                sandbox_survived=False,
+                message=f"{INTERRUPTED}; the sandbox still runs",
+                sandbox_survived=True,
             ),
-            why="the sandbox is gone without a whole image; the last good checkpoint is kept",
+            why="the sandbox still runs; an image, if any, is not trusted",
         )
-    if effect == "restore":
-        if alive:
+    if action is Action.IMAGE_IF_WHOLE:
+        if image is not None and image_whole:
             return Decision(
                 "outcome",
-                events.Restored(actor_id=actor_id, image_path=view.checkpoint or ""),
-                why="the restore completed",
+                events.CheckpointWritten(actor_id=actor_id, image_path=str(image)),
+                delete_leftover=leftover,
+                why="the sandbox is gone and its image is whole",
             )
         return Decision(
             "outcome",
-            _failure(effect, actor_id, f"the container is {status}"),
-            delete_leftover=exists,
-            why="the restore did not complete; the checkpoint is kept",
+            spec.failure(view, f"{INTERRUPTED}; the sandbox is {status} and no whole image exists"),
+            delete_leftover=leftover,
+            why="the sandbox is gone without a whole image; the last good checkpoint is kept",
         )
-    if effect == "delete":
-        if status == "missing":
-            return Decision(
-                "outcome", events.Deleted(actor_id=actor_id), why="the container is gone"
-            )
-        return Decision("rerun", why="deleting is idempotent")
-    raise AssertionError(f"unreachable: effect {effect!r} has a rule")
-
-
-def _failure(effect: str, actor_id: str, detail: str) -> events.Event:
-    message = f"{INTERRUPTED}: {detail}"
-    if effect == "inject":
-        return events.InjectionFailed(actor_id=actor_id, message=message)
-    if effect == "checkpoint":
-        return events.CheckpointFailed(actor_id=actor_id, message=message, sandbox_survived=False)
-    if effect == "restore":
-        return events.RestoreFailed(actor_id=actor_id, message=message)
-    return events.EffectFailed(actor_id=actor_id, effect=effect, message=message)
+    if action is Action.INTERRUPTED:
+        return Decision(
+            "outcome",
+            events.EffectTimedOut(actor_id=actor_id, effect=effect, seconds=0.0),
+            why=f"what the interrupted {effect} did cannot be asked; failed, recoverable",
+        )
+    return Decision(
+        "outcome",
+        spec.failure(view, f"{INTERRUPTED}: the container is {status}"),
+        delete_leftover=leftover,
+        why=f"the {effect} did not complete",
+    )
 
 
 async def _status(runtime: runsc.SandboxRuntime, actor_id: str) -> tuple[Status, str]:
@@ -310,7 +257,8 @@ async def recover(
                 f"while recovering actor {actor_id!r} from {path}: it is in {view.state!r} "
                 "but the log does not hold the event that entered that state"
             )
-        if effect in {"inject", "probe"} or effect not in _RULES:
+        spec_entry = registry.REGISTRY.get(effect)
+        if spec_entry is None or not spec_entry.recovery.asks_runtime:
             status: Status = "missing"
             said = "not asked"
         else:

@@ -1,9 +1,8 @@
 """Replay: rebuild every actor's state from a log, running no effect.
 
 Each logged event goes through the machine exactly as the agent applied it: the same
-:class:`~substrate_gpu.lifecycle.actors.ActorTable` and ``machines/actor.yaml``, evaluated
-by the dict-table engine (the transitions engine is cross-checked against it by the
-lifecycle's property tests and is three times slower). Outcome events are *read* from the
+:class:`~substrate_gpu.lifecycle.actors.ActorTable`, ``machines/actor.yaml`` and its one
+:class:`~substrate_gpu.lifecycle.machine.Interpreter`. Outcome events are *read* from the
 log, never produced, so nothing talks to runsc, the probe or the injector. Deterministic:
 the same log gives the same states and the same transition sequence.
 
@@ -14,7 +13,7 @@ the log was written by another machine definition: :class:`ReplayDivergence` nam
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import overload
@@ -95,94 +94,26 @@ class ReplayResult:
     """The seq of the snapshot replay started from (0: from the beginning)."""
 
 
-_Candidate = tuple[
-    tuple[Callable[[actors.Cursor], bool], ...],
-    tuple[Callable[[actors.Cursor], bool], ...],
-    str | None,
-    tuple[Callable[[actors.Cursor], None], ...],
-]
-
-
-class BoundTableEngine:
-    """:class:`~substrate_gpu.lifecycle.machine.TableEngine` with its names bound once.
-
-    The same dispatch (the spec's transitions of a ``(state, trigger)``, tried in order; the
-    first whose conditions hold and whose ``unless`` do not fires its callbacks), calling
-    the :class:`Cursor`'s condition and callback functions directly instead of looking each
-    name up per event: the lookups were most of a replayed event's cost. The live agent's
-    engines are checked against replay by the property tests (tests/eventlog).
-    """
-
-    def __init__(self, spec: machine.MachineSpec) -> None:
-        cursor = actors.Cursor
-        self._table: dict[tuple[str, str], tuple[_Candidate, ...]] = {
-            (source, trigger): tuple(
-                (
-                    tuple(getattr(cursor, name) for name in t.conditions),
-                    tuple(getattr(cursor, name) for name in t.unless),
-                    t.dest,
-                    tuple(getattr(cursor, name) for name in t.after),
-                )
-                for t in spec.candidates(source, trigger)
-            )
-            for source in spec.state_names
-            for trigger in spec.accepts[source]
-        }
-
-    def fire(self, cursor: actors.Cursor, trigger: str) -> bool:
-        """Fire ``trigger`` on ``cursor``; False when no transition's conditions held."""
-        for conditions, unless, dest, after in self._table[(cursor.state, trigger)]:
-            held = True
-            for condition in conditions:
-                if not condition(cursor):
-                    held = False
-                    break
-            if held:
-                for condition in unless:
-                    if condition(cursor):
-                        held = False
-                        break
-            if held:
-                if dest is not None:
-                    cursor.state = dest
-                for callback in after:
-                    callback(cursor)
-                return True
-        return False
-
-
 class Replayer:
-    """Feeds records through the agent's machine: its engine and its :class:`Cursor`.
-
-    The live :class:`~substrate_gpu.lifecycle.actors.ActorTable` copies each actor into one
-    shared cursor and back around every event, so that a *refused* event leaves the actor
-    untouched. Replay applies events that were accepted (a refusal is a divergence that
-    stops it), so each actor simply lives in its own cursor: the same conditions and
-    callbacks, fired by the same engine on the same spec, without the two copies (40% of
-    the per-event cost). Views are produced through :class:`Actor` as the agent does.
-    """
+    """Feeds records through the agent's machine: the same :class:`ActorTable` and
+    interpreter (``spec.interpreter``) the live agent applies events with."""
 
     def __init__(self, spec: machine.MachineSpec | None = None) -> None:
         self.spec = spec or machine.load_spec()
         self.causes: dict[str, events.Event] = {}
         """For actors in an in-flight state: the event that entered it."""
-        self.last_seq = 0
-        self._engine = BoundTableEngine(self.spec)
-        self._initial = self.spec.initial
-        self._accepts = self.spec.accepts
+        self.table = actors.ActorTable(self.spec)
+        """The actors, as the agent holds them."""
         self._effects = self.spec.effects
-        self._cursors: dict[str, actors.Cursor] = {}
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the last event applied (or of the state loaded)."""
+        return self.table.last_seq
 
     def load_views(self, views: Iterable[actors.ActorView], last_seq: int) -> None:
         """Start from these actors (a snapshot, or recovered views)."""
-        for view in views:
-            if view.state not in self._accepts:
-                raise ValueError(f"actor {view.actor_id!r}: unknown state {view.state!r}")
-            cursor = actors.Cursor(self._initial)
-            for name in actors.Actor.__slots__:
-                setattr(cursor, name, getattr(view, name))
-            self._cursors[view.actor_id] = cursor
-        self.last_seq = max(self.last_seq, last_seq)
+        self.table.resume(views, last_seq)
 
     def load(self, base: snapshot.Snapshot, *, actor: str | None = None) -> None:
         """Start from ``base`` (only ``actor`` when given)."""
@@ -191,37 +122,15 @@ class Replayer:
 
     def apply(self, event: events.Event) -> tuple[str, str, str | None]:
         """Apply one accepted event: ``(source, dest, reason)``; InvalidEvent if refused."""
-        actor_id = event.actor_id
-        cursor = self._cursors.get(actor_id)
-        source = cursor.state if cursor is not None else self._initial
-        trigger = event.type
-        if trigger not in self._accepts[source]:
-            raise lifecycle_errors.InvalidEvent(
-                actor_id, source, trigger, "not accepted in this state"
-            )
-        if cursor is None:
-            fresh = actors.Cursor(self._initial)
-            fresh.load(None, self._initial, event)
-            if not self._engine.fire(fresh, trigger):
-                raise lifecycle_errors.InvalidEvent(
-                    actor_id, source, trigger, self.spec.guard_summary(source, trigger)
-                )
-            self._cursors[actor_id] = cursor = fresh
-        else:
-            cursor.event = event
-            cursor.refusal = None
-            cursor.transition_reason = None
-            if not self._engine.fire(cursor, trigger):
-                raise lifecycle_errors.InvalidEvent(
-                    actor_id, source, trigger, self.spec.guard_summary(source, trigger)
-                )
-        dest = cursor.state
-        if dest != source and dest in self._effects:
-            self.causes[actor_id] = event
-        elif dest not in self._effects:
-            self.causes.pop(actor_id, None)
-        self.last_seq = max(self.last_seq, event.seq)
-        return source, dest, cursor.transition_reason
+        step = self.table.apply(event)
+        self._note_cause(step)
+        return step.source, step.dest, step.reason
+
+    def _note_cause(self, step: actors.Step) -> None:
+        if step.effect is not None:
+            self.causes[step.event.actor_id] = step.event
+        elif step.dest not in self._effects:
+            self.causes.pop(step.event.actor_id, None)
 
     def feed(
         self,
@@ -230,83 +139,40 @@ class Replayer:
         transitions: TransitionList | None,
         rejections: list[format.Rejection] | None,
     ) -> int:
-        """Apply ``(line, record)`` pairs in order; the number of events applied.
-
-        :meth:`apply`, inlined: this loop is the replay's hot path.
-        """
-        cursors = self._cursors
-        accepts = self._accepts
-        effects = self._effects
-        causes = self.causes
-        fire = self._engine.fire
-        initial = self._initial
+        """Apply ``(line, record)`` pairs in order; the number of events applied."""
+        apply = self.table.apply
+        note_cause = self._note_cause
         rows = transitions._rows if transitions is not None else None
         event_type = events.Event
         count = 0
-        last_seq = self.last_seq
         for line, record in records:
             if not isinstance(record, event_type):
                 self._check_rejection(path, line, record)
                 if rejections is not None:
                     rejections.append(record)
                 continue
-            actor_id = record.actor_id
-            cursor = cursors.get(actor_id)
-            trigger = record.type
-            if cursor is None:
-                source = initial
-                cursor = actors.Cursor(initial)
-                cursor.load(None, initial, record)
-                fired = trigger in accepts[source] and fire(cursor, trigger)
-                if fired:
-                    cursors[actor_id] = cursor
-            else:
-                source = cursor.state
-                cursor.event = record
-                cursor.refusal = None
-                cursor.transition_reason = None
-                fired = trigger in accepts[source] and fire(cursor, trigger)
-            if not fired:
-                problem = (
-                    self.spec.guard_summary(source, trigger)
-                    if trigger in accepts[source]
-                    else "not accepted in this state"
-                )
+            try:
+                step = apply(record)
+            except lifecycle_errors.InvalidEvent as e:
                 raise errors.ReplayDivergence(
                     path,
                     line,
-                    "the logged event was accepted, the machine now refuses it: "
-                    f"{lifecycle_errors.InvalidEvent(actor_id, source, trigger, problem)}",
-                )
+                    f"the logged event was accepted, the machine now refuses it: {e}",
+                ) from e
             count += 1
-            dest = cursor.state
-            if dest in effects:
-                if dest != source:
-                    causes[actor_id] = record
-            elif actor_id in causes:
-                del causes[actor_id]
-            last_seq = record.seq
+            note_cause(step)
             if rows is not None:
-                rows.append((record, source, dest, cursor.transition_reason))
-        self.last_seq = max(self.last_seq, last_seq)
+                rows.append((record, step.source, step.dest, step.reason))
         return count
 
     def _check_rejection(self, path: Path, line: int, rejection: format.Rejection) -> None:
         event = rejection.event
-        cursor = self._cursors.get(event.actor_id)
-        state = cursor.state if cursor is not None else self._initial
-        accepted = event.type in self._accepts[state]
-        if accepted:
-            # Try it on a scratch copy: the actor itself must not change.
-            scratch = actors.Cursor(self._initial)
-            if cursor is None:
-                scratch.load(None, self._initial, event)
-            else:
-                for name in actors.Actor.__slots__:
-                    setattr(scratch, name, getattr(cursor, name))
-                scratch.event = event
-            accepted = self._engine.fire(scratch, event.type)
-        if accepted:
+        state = self.table.state_of(event.actor_id)
+        try:
+            self.table.check(event)
+        except lifecycle_errors.InvalidEvent:
+            pass
+        else:
             raise errors.ReplayDivergence(
                 path,
                 line,
@@ -322,16 +188,11 @@ class Replayer:
             )
 
     def views(self) -> dict[str, actors.ActorView]:
-        """Every actor's current state (built through :class:`Actor`, as the agent does)."""
-        out = {}
-        for actor_id, cursor in self._cursors.items():
-            record = actors.Actor(actor_id, cursor.state)
-            cursor.store(record)
-            out[actor_id] = record.snapshot()
-        return out
+        """Every actor's current state."""
+        return {actor.actor_id: actor.snapshot() for actor in self.table}
 
     def __len__(self) -> int:
-        return len(self._cursors)
+        return len(self.table)
 
 
 def replay(

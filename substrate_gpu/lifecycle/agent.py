@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self
+from typing import Self
 
 import anyio
 
@@ -111,7 +111,6 @@ class Agent:
         injector: effects.GpuInjector,
         checkpoint_root: Path,
         machine_spec: machine.MachineSpec | Path | None = None,
-        engine: Literal["transitions", "table"] = "transitions",
         recorder: hooks.EventRecorder | None = None,
         metrics: hooks.LifecycleMetrics | None = None,
         observers: Iterable[hooks.TransitionObserver] = (),
@@ -130,12 +129,7 @@ class Agent:
             spec = machine_spec
         else:
             spec = machine.load_spec(machine_spec or machine.DEFAULT_MACHINE)
-        eng: actors.Engine = (
-            machine.TransitionsEngine(spec)
-            if engine == "transitions"
-            else machine.TableEngine(spec)
-        )
-        self._table = actors.ActorTable(spec, eng)
+        self._table = actors.ActorTable(spec)
         self._resume = resume
         if resume is not None:
             self._table.resume(resume.actors, resume.last_seq)

@@ -45,7 +45,7 @@ from typing import Protocol
 import structlog
 
 from substrate_gpu import cudackpt, exceptions, preflight
-from substrate_gpu.lifecycle import events
+from substrate_gpu.lifecycle import errors, events, registry
 from substrate_gpu.lifecycle.actors import ActorView
 from substrate_gpu.lifecycle.gpu import GpuSettings
 from substrate_gpu.probes.api import CudaContextProbe
@@ -53,49 +53,12 @@ from substrate_gpu.runsc import api as runsc
 
 _log = structlog.get_logger(__name__)
 
-#: The outcome event types each effect can produce (the loader checks the effect's state
-#: accepts every one of them). ``effect_timed_out`` comes from the pipeline's timeout.
-OUTCOMES: Mapping[str, tuple[str, ...]] = {
-    "inject": ("gpu_injected", "injection_failed", "effect_timed_out"),
-    "create": ("sandbox_created", "effect_failed", "preflight_refused", "effect_timed_out"),
-    "start": ("sandbox_started", "effect_failed", "effect_timed_out"),
-    "checkpoint": (
-        "checkpoint_written",
-        "checkpoint_refused",
-        "checkpoint_failed",
-        "effect_timed_out",
-    ),
-    "restore": ("restored", "restore_failed", "restore_refused", "effect_timed_out"),
-    "delete": ("deleted", "effect_failed", "effect_timed_out"),
-    "probe": (
-        "no_live_context",
-        "live_context_found",
-        "checkpoint_refused",
-        "checkpoint_failed",
-        "effect_timed_out",
-    ),
-    "cuda_suspend": (
-        "cuda_suspended",
-        "cuda_suspend_refused",
-        "cuda_suspend_failed",
-        "effect_timed_out",
-    ),
-    "cuda_resume": ("cuda_resumed", "cuda_resume_failed", "effect_timed_out"),
-}
+#: The outcome event types each effect can produce (from the registry; the loader checks
+#: the effect's state accepts every one). ``effect_timed_out`` comes from the pipeline.
+OUTCOMES: Mapping[str, tuple[str, ...]] = {e: registry.outcomes(e) for e in registry.REGISTRY}
 
-#: Default timeout per effect, seconds. Injection is local file work; runsc checkpoint and
-#: restore move the whole sandbox memory.
-DEFAULT_TIMEOUTS: Mapping[str, float] = {
-    "inject": 60.0,
-    "create": 60.0,
-    "start": 30.0,
-    "checkpoint": 600.0,
-    "restore": 600.0,
-    "delete": 60.0,
-    "probe": 60.0,
-    "cuda_suspend": 600.0,
-    "cuda_resume": 600.0,
-}
+#: Default timeout per effect, seconds (from the registry).
+DEFAULT_TIMEOUTS: Mapping[str, float] = registry.DEFAULT_TIMEOUTS
 
 
 class GpuInjector(Protocol):
@@ -469,20 +432,11 @@ EFFECTS: Mapping[str, Effect] = {
 }
 
 
-def failure_outcome(effect: str, actor: ActorView, message: str) -> events.Event:
-    """The failure outcome of ``effect`` for an unexpected error (a bug in a collaborator)."""
-    actor_id = actor.actor_id
-    if effect == "inject":
-        return events.InjectionFailed(actor_id=actor_id, message=message)
-    if effect in {"checkpoint", "probe"}:
-        # Unknown whether the sandbox survived: assume not, so the actor is recoverable from
-        # its last good checkpoint rather than believed running.
-        return events.CheckpointFailed(actor_id=actor_id, message=message, sandbox_survived=False)
-    if effect == "restore":
-        return events.RestoreFailed(actor_id=actor_id, message=message)
-    if effect == "cuda_suspend":
-        # Resume every process that may have been touched.
-        return events.CudaSuspendFailed(actor_id=actor_id, message=message, pids=actor.cuda_pids)
-    if effect == "cuda_resume":
-        return events.CudaResumeFailed(actor_id=actor_id, message=message, sandbox_survived=False)
-    return events.EffectFailed(actor_id=actor_id, effect=effect, message=message)
+if set(EFFECTS) != set(registry.REGISTRY):
+    raise errors.MachineDefinitionError(
+        "effect implementations and the effect registry differ: "
+        f"{sorted(set(EFFECTS) ^ set(registry.REGISTRY))}"
+    )
+
+#: The failure outcome of an effect for an unexpected error (a bug in a collaborator).
+failure_outcome = registry.failure_outcome

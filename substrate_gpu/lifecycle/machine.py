@@ -4,17 +4,16 @@ The YAML is the single source of the lifecycle. :func:`load_spec` reads and chec
 fails fast, naming the file and the entry, on anything transitions would only discover
 when the transition fires (a misspelt callback fails *after* the state changed): unknown
 states, conditions or callbacks, triggers that are not event types, event types without
-a transition, unreachable states, dead ends, and in-flight states that do not accept every
-outcome of their effect.
+a transition, unreachable states, dead ends, in-flight states that do not accept every
+outcome of their effect, and any difference between the YAML and the typed names of
+:mod:`.names` (states, triggers, effects) or the effect registry (:mod:`.registry`).
 
-Two engines evaluate the same spec on the :class:`~substrate_gpu.lifecycle.actors.Cursor`:
-
-- :class:`TransitionsEngine`: transitions' **synchronous** ``Machine`` (not
-  ``AsyncMachine``: it swallows cancellation and timeouts, lets overlapping triggers cancel
-  each other and runs callback lists concurrently; brief §8). One machine, no models
-  registered: triggers are fired on the shared cursor directly.
-- :class:`TableEngine`: a plain dict transition table, the benchmark floor and a
-  cross-check of the first.
+One interpreter evaluates the spec: :class:`Interpreter`, a dict table compiled from it
+(``spec.interpreter``), used by the live pipeline, replay and recovery alike.
+:class:`TransitionsEngine` (transitions' **synchronous** ``Machine``; not ``AsyncMachine``,
+which swallows cancellation and timeouts, lets overlapping triggers cancel each other and
+runs callback lists concurrently: brief §8) is the reference it is proven equal to by the
+property tests over random event streams; it also renders the diagram.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from typing import Any, cast
 import yaml
 from transitions import Machine
 
-from substrate_gpu.lifecycle import actors, effects, errors, events
+from substrate_gpu.lifecycle import actors, errors, events, names, registry
 
 #: Where ``machines/actor.yaml`` is found, in order: a source checkout (the repository
 #: root's ``machines/``, also what an editable install sees), then the copy a wheel installs
@@ -118,6 +117,16 @@ class MachineSpec:
                 out[source].add(t.trigger)
         return {s: frozenset(triggers) for s, triggers in out.items()}
 
+    @cached_property
+    def in_flight_states(self) -> frozenset[str]:
+        """States that run an effect (an actor only passes through them)."""
+        return frozenset(self.effects)
+
+    @cached_property
+    def interpreter(self) -> Interpreter:
+        """The compiled evaluation of this spec (one per spec, shared)."""
+        return Interpreter(self)
+
     def candidates(self, source: str, trigger: str) -> tuple[TransitionSpec, ...]:
         """The transitions of ``trigger`` from ``source``, in the order they are tried."""
         return self._by_source_trigger.get((source, trigger), ())
@@ -178,11 +187,11 @@ def parse_spec(raw: object, path: Path) -> MachineSpec:
         if extra:
             raise _fail(path, f"{where} ({entry['name']})", f"unknown key(s) {sorted(extra)}")
         effect = entry.get("effect")
-        if effect is not None and effect not in effects.EFFECTS:
+        if effect is not None and effect not in registry.REGISTRY:
             raise _fail(
                 path,
                 f"{where} ({entry['name']})",
-                f"unknown effect {effect!r}; known: {', '.join(sorted(effects.EFFECTS))}",
+                f"unknown effect {effect!r}; known: {', '.join(sorted(registry.REGISTRY))}",
             )
         states.append(
             StateSpec(
@@ -262,7 +271,44 @@ def parse_spec(raw: object, path: Path) -> MachineSpec:
         _by_source_trigger={k: tuple(v) for k, v in by_source_trigger.items()},
     )
     _check_graph(spec)
+    _check_names(spec)
     return spec
+
+
+def _differ(kind: str, yaml_side: set[str], code_side: set[str], code: str) -> str | None:
+    only_yaml, only_code = sorted(yaml_side - code_side), sorted(code_side - yaml_side)
+    if not only_yaml and not only_code:
+        return None
+    return (
+        f"its {kind} differ from {code}: only in the YAML {only_yaml}, only in the code {only_code}"
+    )
+
+
+def _check_names(spec: MachineSpec) -> None:
+    """The YAML, the typed names and the effect registry describe the same machine."""
+    checks = (
+        ("states", set(spec.state_names), {str(s) for s in names.State}, "names.State"),
+        (
+            "triggers",
+            {t.trigger for t in spec.transitions},
+            {str(t) for t in names.Trigger},
+            "names.Trigger",
+        ),
+        ("effects", set(spec.effects.values()), {str(e) for e in names.Effect}, "names.Effect"),
+        (
+            "effects",
+            set(spec.effects.values()),
+            {str(e) for e in registry.REGISTRY},
+            "the effect registry (lifecycle/registry.py)",
+        ),
+    )
+    for kind, yaml_side, code_side, code in checks:
+        problem = _differ(kind, yaml_side, code_side, code)
+        if problem is not None:
+            raise _fail(spec.path, kind, problem)
+    problems = registry.check_registry()
+    if problems:
+        raise _fail(spec.path, "effect registry", "; ".join(problems))
 
 
 def _check_graph(spec: MachineSpec) -> None:
@@ -295,7 +341,11 @@ def _check_graph(spec: MachineSpec) -> None:
         if not st.final and not leaves:
             raise _fail(path, f"state {st.name}", "is a dead end (not final, no way out)")
         if st.effect:
-            missing = [o for o in effects.OUTCOMES[st.effect] if o not in spec.accepts[st.name]]
+            missing = [
+                str(o)
+                for o in registry.REGISTRY[st.effect].outcomes
+                if o not in spec.accepts[st.name]
+            ]
             if missing:
                 raise _fail(
                     path,
@@ -331,46 +381,75 @@ def _machine_config(spec: MachineSpec) -> dict[str, Any]:
 
 
 class TransitionsEngine:
-    """Fires triggers with transitions' synchronous ``Machine`` on the shared cursor."""
+    """The reference: transitions' synchronous ``Machine`` firing triggers on the actor.
+
+    Not used by the agent, replay or recovery (they use :class:`Interpreter`); the property
+    tests run random event streams through both and require identical results.
+    """
 
     def __init__(self, spec: MachineSpec) -> None:
         # model=None: no model is registered (no add_model scan, no bound trigger partials);
-        # Event.trigger(cursor) works on any object with a ``state`` attribute.
+        # Event.trigger(actor, event) works on any object with a ``state`` attribute and
+        # passes the event on to every condition and callback.
         self.machine = Machine(model=None, **_machine_config(spec))
-        self._triggers: dict[str, Callable[[actors.Cursor], bool]] = {
+        self._triggers: dict[str, Callable[[actors.Actor, events.Event], bool]] = {
             name: event.trigger for name, event in self.machine.events.items()
         }
 
-    def fire(self, cursor: actors.Cursor, trigger: str) -> bool:
-        """Fire ``trigger`` on ``cursor``; False when no transition's conditions held."""
-        return self._triggers[trigger](cursor)
+    def fire(self, actor: actors.Actor, event: events.Event) -> bool:
+        """Fire ``event``'s trigger on ``actor``; False when no transition's conditions held."""
+        return self._triggers[event.type](actor, event)
 
 
-class TableEngine:
-    """Fires triggers from a plain ``{(state, trigger): [transition, ...]}`` table."""
+_Test = Callable[[actors.Actor, events.Event], bool]
+_Callback = Callable[[actors.Actor, events.Event], None]
+_Candidate = tuple[tuple[_Test, ...], tuple[_Test, ...], str | None, tuple[_Callback, ...]]
+
+
+class Interpreter:
+    """THE evaluation of the machine: a ``{(state, trigger): candidates}`` table compiled
+    from the spec, conditions and callbacks bound to :class:`Actor`'s functions once.
+
+    For the ``(state, trigger)``, the spec's transitions are tried in YAML order; the first
+    whose ``conditions`` all hold and whose ``unless`` all fail sets ``dest`` (``=``: kept)
+    and runs its ``after`` callbacks, as transitions' ``Machine`` does. The live pipeline,
+    replay and recovery all use it (through :class:`~substrate_gpu.lifecycle.actors.ActorTable`).
+    """
 
     def __init__(self, spec: MachineSpec) -> None:
-        self._table: dict[
-            tuple[str, str],
-            tuple[tuple[tuple[str, ...], tuple[str, ...], str | None, tuple[str, ...]], ...],
-        ] = {}
-        for source in spec.state_names:
-            for trigger in spec.accepts[source]:
-                self._table[(source, trigger)] = tuple(
-                    (t.conditions, t.unless, t.dest, t.after)
-                    for t in spec.candidates(source, trigger)
+        actor = actors.Actor
+        self._table: dict[tuple[str, str], tuple[_Candidate, ...]] = {
+            (source, trigger): tuple(
+                (
+                    tuple(getattr(actor, name) for name in t.conditions),
+                    tuple(getattr(actor, name) for name in t.unless),
+                    t.dest,
+                    tuple(getattr(actor, name) for name in t.after),
                 )
+                for t in spec.candidates(source, trigger)
+            )
+            for source in spec.state_names
+            for trigger in spec.accepts[source]
+        }
 
-    def fire(self, cursor: actors.Cursor, trigger: str) -> bool:
-        """Fire ``trigger`` on ``cursor``; False when no transition's conditions held."""
-        for conditions, unless, dest, after in self._table[(cursor.state, trigger)]:
-            if all(getattr(cursor, c)() for c in conditions) and not any(
-                getattr(cursor, u)() for u in unless
-            ):
+    def fire(self, actor: actors.Actor, event: events.Event) -> bool:
+        """Fire ``event``'s trigger on ``actor``; False when no transition's conditions held."""
+        for conditions, unless, dest, after in self._table[(actor.state, event.type)]:
+            held = True
+            for condition in conditions:
+                if not condition(actor, event):
+                    held = False
+                    break
+            if held:
+                for condition in unless:
+                    if condition(actor, event):
+                        held = False
+                        break
+            if held:
                 if dest is not None:
-                    cursor.state = dest
+                    actor.state = dest
                 for callback in after:
-                    getattr(cursor, callback)()
+                    callback(actor, event)
                 return True
         return False
 

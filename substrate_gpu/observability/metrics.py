@@ -31,6 +31,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from substrate_gpu.lifecycle import names, registry
+
 __all__ = [
     "ACTOR_STATES",
     "CHECKPOINT_FAILURE_REASONS",
@@ -41,7 +43,6 @@ __all__ = [
     "OTHER",
     "OUTCOMES",
     "RUNTIME_EFFECTS",
-    "TRANSITIONAL_STATES",
     "TRIGGERS",
     "AgentMetrics",
 ]
@@ -49,97 +50,35 @@ __all__ = [
 OTHER: Final = "other"
 """The label value every unknown input is mapped to."""
 
-ACTOR_STATES: Final[frozenset[str]] = frozenset(
-    {
-        "registered",
-        "bundle_prepared",
-        "injecting",
-        "gpu_injected",
-        "creating",
-        "sandbox_created",
-        "starting",
-        "running",
-        "probing",
-        "checkpointing",
-        "suspended",
-        "restoring",
-        "stopped",
-        "failed",
-        "deleted",
-    }
-)
-"""Default lifecycle states; the lifecycle passes its machine's own list via ``states=``."""
+ACTOR_STATES: Final[frozenset[str]] = frozenset(names.State)
+"""Default lifecycle states: the machine's (``names.State``, checked against
+``machines/actor.yaml`` when it loads); the agent passes its spec's own list via ``states=``.
 
-TRANSITIONAL_STATES: Final[frozenset[str]] = frozenset(
-    {"injecting", "creating", "starting", "probing", "checkpointing", "restoring"}
-)
-"""States an actor should only pass through (an effect is in flight).
-
-``metrics/rules/substrate-gpu.yml`` holds the same set as one regex (the recording rule
-``substrate_gpu:actors_transitional``); a test keeps the two equal.
+The transitional ("in flight") states are the machine's states with an effect
+(``MachineSpec.in_flight_states``); ``metrics/rules/substrate-gpu.yml`` holds them as one
+regex, and a test compares that regex with the machine.
 """
 
-TRIGGERS: Final[frozenset[str]] = frozenset(
-    {
-        "register",
-        "prepare_bundle",
-        "bundle_prepared",
-        "inject",
-        "injected",
-        "skip_injection",
-        "create",
-        "created",
-        "start",
-        "started",
-        "run",
-        "suspend",
-        "probe",
-        "probed",
-        "checkpoint",
-        "checkpointed",
-        "refuse_checkpoint",
-        "checkpoint_refused",
-        "checkpoint_failed",
-        "restore",
-        "restored",
-        "exit",
-        "exited",
-        "stop",
-        "stopped",
-        "fail",
-        "effect_failed",
-        "retry",
-        "delete",
-        "deleted",
-        "recover",
-        "reconcile",
-    }
-)
-"""Default trigger names; the lifecycle passes its machine's own list via ``triggers=``."""
+TRIGGERS: Final[frozenset[str]] = frozenset(names.Trigger)
+"""Default trigger names: the machine's (``names.Trigger``); the agent passes its own."""
 
-OUTCOMES: Final[frozenset[str]] = frozenset({"ok", "error", "timeout", "cancelled", "refused"})
-"""How an effect (or a toolkit run) ended."""
+OUTCOMES: Final[frozenset[str]] = frozenset(registry.Ending) | {"cancelled"}
+"""How an effect (or a toolkit run) ended: the effect registry's endings, and cancelled."""
 
-INJECTION_EFFECTS: Final[frozenset[str]] = frozenset(
-    {"prepare_bundle", "inject_gpu", "stage_soname_links", "probe_cuda_context"}
-)
-"""Effects timed in ``substrate_gpu_injection_duration_seconds`` (millisecond buckets)."""
+INJECTION_EFFECTS: Final[frozenset[str]] = registry.INJECTION_LABELS | {
+    "prepare_bundle",
+    "stage_soname_links",
+}
+"""Effects timed in ``substrate_gpu_injection_duration_seconds`` (millisecond buckets): the
+registry's millisecond-scale effects, plus bundle preparation and SONAME staging."""
 
-RUNTIME_EFFECTS: Final[frozenset[str]] = frozenset(
-    {
-        "runsc_create",
-        "runsc_start",
-        "runsc_state",
-        "runsc_checkpoint",
-        "runsc_restore",
-        "runsc_kill",
-        "runsc_delete",
-        "cuda_checkpoint",
-        "cuda_suspend",
-        "cuda_resume",
-    }
-)
-"""Effects timed in ``substrate_gpu_runtime_operation_duration_seconds`` (second buckets).
+RUNTIME_EFFECTS: Final[frozenset[str]] = registry.RUNTIME_LABELS | {
+    "runsc_state",
+    "runsc_kill",
+    "cuda_checkpoint",
+}
+"""Effects timed in ``substrate_gpu_runtime_operation_duration_seconds`` (second buckets):
+the registry's runtime effects, plus runsc state/kill and single cuda-checkpoint calls.
 
 An effect name in neither set is recorded here as ``effect="other"``: the wide buckets
 cover both scales, coarsely.

@@ -29,43 +29,18 @@ from prometheus_client import CollectorRegistry
 from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.injection import toolkit
 from substrate_gpu.injection.injector import WorkerGpuInjector
-from substrate_gpu.lifecycle import events, gpu, hooks, machine, pipeline
+from substrate_gpu.lifecycle import events, gpu, hooks, machine, pipeline, registry
 from substrate_gpu.observability import AgentMetrics
 from substrate_gpu.probes.fd_scan import FdScanProbe
 from substrate_gpu.runsc import driver
 from substrate_gpu.service.config import AgentConfig
 
-#: Lifecycle effect name -> AgentMetrics effect label.
-EFFECT_LABELS: Final[Mapping[str, str]] = {
-    "inject": "inject_gpu",
-    "create": "runsc_create",
-    "start": "runsc_start",
-    "checkpoint": "runsc_checkpoint",
-    "restore": "runsc_restore",
-    "delete": "runsc_delete",
-    "probe": "probe_cuda_context",
-    "cuda_suspend": "cuda_suspend",
-    "cuda_resume": "cuda_resume",
-}
+#: Lifecycle effect name -> AgentMetrics effect label (the effect registry's).
+EFFECT_LABELS: Final[Mapping[str, str]] = registry.METRIC_LABELS
 
-#: Outcome event type -> AgentMetrics outcome label (anything else is ``error``).
-OUTCOME_LABELS: Final[Mapping[str, str]] = {
-    "gpu_injected": "ok",
-    "sandbox_created": "ok",
-    "sandbox_started": "ok",
-    "checkpoint_written": "ok",
-    "restored": "ok",
-    "deleted": "ok",
-    "checkpoint_refused": "refused",
-    "effect_timed_out": "timeout",
-    "no_live_context": "ok",
-    "live_context_found": "ok",
-    "cuda_suspended": "ok",
-    "cuda_resumed": "ok",
-    "cuda_suspend_refused": "refused",
-    "preflight_refused": "refused",
-    "restore_refused": "refused",
-}
+#: (effect, outcome event type) -> AgentMetrics outcome label (the effect registry's; an
+#: outcome the registry does not list for the effect is ``error``).
+OUTCOME_LABELS: Final[Mapping[tuple[str, str], str]] = registry.ENDINGS
 
 #: Refusals the agent decided itself (a live context seen by the machine or the probe).
 AGENT_REFUSALS: Final[Mapping[str, str]] = {
@@ -128,7 +103,7 @@ class LifecycleMetricsBridge:
             self.metrics.checkpoint_refused(AGENT_REFUSALS.get(reason, reason))
 
     def effect_finished(self, effect: str, outcome: str, seconds: float) -> None:
-        label = OUTCOME_LABELS.get(outcome, "error")
+        label = OUTCOME_LABELS.get((effect, outcome), "error")
         self.metrics.effect_finished(EFFECT_LABELS.get(effect, effect), label, seconds)
         if outcome == "checkpoint_failed":
             self.metrics.checkpoint_failed("runtime_error")

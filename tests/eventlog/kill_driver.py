@@ -28,7 +28,7 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from substrate_gpu import eventlog
-from substrate_gpu.lifecycle import Agent, errors, events
+from substrate_gpu.lifecycle import Agent, errors, events, machine
 from substrate_gpu.observability import configure_logging
 from substrate_gpu.probes.api import GpuClient
 from substrate_gpu.runsc import api as runsc
@@ -45,7 +45,8 @@ GOALS = {
     ]
     for i, actor in enumerate(ACTORS)
 }
-IN_FLIGHT = {"injecting", "creating", "starting", "checkpointing", "restoring", "deleting"}
+#: The states that run an effect, from the machine (never a hand copy).
+IN_FLIGHT = machine.load_spec().in_flight_states
 
 
 def _error(cls: type[runsc.RunscError], message: str) -> runsc.RunscError:

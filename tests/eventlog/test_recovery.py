@@ -10,10 +10,12 @@ import pytest
 from lifecycle.doubles import FakeInjector, FakeProbe, FakeRuntime, _Container
 from lifecycle.factories import bring_to_running
 
+from eventlog import logs
 from substrate_gpu import eventlog
 from substrate_gpu.eventlog import EventLog, read_log, recover, replay
 from substrate_gpu.eventlog.recovery import INTERRUPTED
-from substrate_gpu.lifecycle import Agent, events
+from substrate_gpu.eventlog.replayer import Replayer
+from substrate_gpu.lifecycle import Agent, events, machine
 from substrate_gpu.lifecycle.actors import ActorView
 
 pytestmark = pytest.mark.anyio
@@ -357,3 +359,61 @@ def test_interrupted_cuda_resume_is_rerun_only_while_the_sandbox_lives(status, a
     decision = eventlog.decide(view, "cuda_resume", status)
     assert decision.action == action
     assert (decision.outcome.type if decision.outcome else None) == outcome
+
+
+def _exec_route_checkpoint_failed_lines() -> list[str]:
+    """A GPU actor left in cuda_resuming: its exec-route checkpoint failed, sandbox alive."""
+    life: list[events.Event] = [
+        events.ActorRegistered(actor_id="a", gpu=True, bundle="/b/a"),
+        events.BundlePrepared(actor_id="a", bundle="/b/a"),
+        events.RunRequested(actor_id="a"),
+        events.GpuInjected(actor_id="a", devices=1),
+        events.SandboxCreated(actor_id="a"),
+        events.SandboxStarted(actor_id="a"),
+        events.CudaContextOpened(actor_id="a", pid=7),
+        events.SuspendRequested(actor_id="a"),
+        events.LiveContextFound(actor_id="a", route=events.ROUTE_EXEC),
+        events.CudaSuspended(actor_id="a", pids="7"),
+        events.CheckpointFailed(actor_id="a", message="disk full", sandbox_survived=True),
+    ]
+    return [e.stamped(seq).to_json() for seq, e in enumerate(life, start=1)]
+
+
+async def test_a_crash_mid_cuda_resume_with_an_unreadable_runtime_recovers(
+    tmp_path: Path, runtime: FakeRuntime
+) -> None:
+    """cuda_resume interrupted and `runsc state` failing: its own failure outcome, accepted."""
+    log_path = logs.write_lines(
+        tmp_path / "events.jsonl", logs.header(), *_exec_route_checkpoint_failed_lines()
+    )
+    assert replay(log_path).actors["a"].state == "cuda_resuming"
+    runtime.fail["state"] = "runsc: permission denied"
+    recovery = await recover(log_path, runtime=runtime, checkpoint_root=tmp_path)
+    (outcome,) = recovery.reconcile_events
+    assert outcome.type == "cuda_resume_failed"
+    assert recovery.actors["a"].state == "stopped"
+
+
+STATUSES = ("creating", "created", "running", "paused", "stopped", "missing", "unknown")
+
+
+@pytest.mark.parametrize("status", STATUSES)
+@pytest.mark.parametrize("state", sorted(machine.load_spec().effects))
+@pytest.mark.parametrize("survived_flags", [False, True])
+def test_every_recovery_outcome_is_accepted_by_the_machine(
+    state: str, status: str, survived_flags: bool
+) -> None:
+    """Whatever the runtime says, the outcome recovery decides lands on a transition."""
+    spec = machine.load_spec()
+    effect = spec.effects[state]
+    view = ActorView(
+        "a", state, True, "/b", "/ck/1", 0, True, None,
+        exited=survived_flags, suspend_route=events.ROUTE_EXEC if survived_flags else "",
+        cuda_pids="7",
+    )  # fmt: skip
+    decision = eventlog.decide(view, effect, status, image=Path("/ck/2"), image_whole=True)  # type: ignore[arg-type]
+    if decision.outcome is None:
+        return
+    predicted = Replayer(spec)
+    predicted.load_views([view], 100)
+    predicted.apply(decision.outcome)

@@ -109,3 +109,34 @@ async def test_a_crash_at_any_rotation_step_leaves_a_readable_log(
     after = replay(log_path)
     assert after.actors["late"].state == "registered"
     assert {a: v for a, v in after.actors.items() if a != "late"} == crashed.actors
+
+
+def test_a_snapshot_written_before_pid_tracked_contexts_still_reads(tmp_path: Path) -> None:
+    """Snapshot views without ``checkpoint_cuda_pids``/``context_pids`` (written before the
+    fields existed) load with both empty; everything else as written."""
+    import json
+
+    from substrate_gpu.eventlog import snapshot
+
+    old_view = {
+        "actor_id": "a", "state": "suspended", "gpu": True, "bundle": "/b/a",
+        "checkpoint": "/ck/a/1", "live_contexts": 0, "sandbox": False, "reason": None,
+        "exited": False, "suspend_policy": "auto", "suspend_route": "", "cuda_pids": "",
+    }  # fmt: skip
+    path = tmp_path / "events.jsonl.snapshot-5.json"
+    path.write_text(
+        json.dumps(
+            {
+                "format": snapshot.FORMAT,
+                "v": 1,
+                "seq": 5,
+                "at": 1.0,
+                "actors": [old_view],
+                "causes": {},
+            }
+        )
+    )
+    (view,) = snapshot.read(path, seq=5).actors
+    assert (view.state, view.checkpoint, view.checkpoint_cuda_pids, view.context_pids) == (
+        "suspended", "/ck/a/1", "", "",
+    )  # fmt: skip

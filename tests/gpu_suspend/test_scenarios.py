@@ -160,7 +160,7 @@ async def test_exec_route_suspends_through_the_sandbox_and_resumes_after_restore
         await agent.submit(events.SuspendRequested(actor_id=A))
         await agent.wait_for_state(A, "suspended", timeout=WAIT)
         assert seen.path()[-4:] == ["probing", "cuda_suspending", "checkpointing", "suspended"]
-        assert view_of(agent).cuda_pids == "1"
+        assert view_of(agent).checkpoint_cuda_pids == "1"  # kept with the checkpoint
         manifest = manifest_of(agent)
         assert (manifest.cuda_state_included, manifest.route) == (True, events.ROUTE_EXEC)
         await agent.submit(events.RestoreRequested(actor_id=A))

@@ -39,10 +39,12 @@ def test_the_transitions_logger_is_quiet() -> None:
     assert logging.getLogger("transitions").level == logging.WARNING
 
 
-def test_every_condition_and_callback_is_a_cursor_method() -> None:
-    """Every name the YAML may use exists on the Cursor."""
+def test_every_condition_and_callback_is_an_actor_method() -> None:
+    """Every name the YAML may use is a method of Actor (conditions and callbacks alike)."""
+    assert {"is_gpu", "context_is_open"} <= actors.CONDITIONS
+    assert {"remember_reason", "new_sandbox"} <= actors.CALLBACKS
     for name in actors.CONDITIONS | actors.CALLBACKS:
-        assert callable(getattr(actors.Cursor, name)), name
+        assert callable(getattr(actors.Actor, name)), name
 
 
 def _edit_unknown_callback(raw: dict[str, Any]) -> None:
@@ -85,6 +87,23 @@ def _edit_unknown_effect(raw: dict[str, Any]) -> None:
     _state(raw, "creating")["effect"] = "craete"
 
 
+def _edit_state_not_in_names(raw: dict[str, Any]) -> None:
+    """Rename ``stopped`` everywhere: a consistent machine, but not the one the code names."""
+    for state in raw["states"]:
+        if state["name"] == "stopped":
+            state["name"] = "halted"
+    for t in raw["transitions"]:
+        sources = t["source"] if isinstance(t["source"], list) else [t["source"]]
+        t["source"] = ["halted" if s == "stopped" else s for s in sources]
+        if t["dest"] == "stopped":
+            t["dest"] = "halted"
+
+
+def _edit_effect_not_in_names(raw: dict[str, Any]) -> None:
+    """A state stops running its effect: the code's effects are no longer all in the YAML."""
+    del _state(raw, "cuda_resuming")["effect"]
+
+
 def _edit_unknown_initial(raw: dict[str, Any]) -> None:
     raw["initial"] = "nowhere"
 
@@ -111,6 +130,18 @@ def _edit_unknown_key(raw: dict[str, Any]) -> None:
             id="effect-outcome",
         ),
         pytest.param(_edit_unknown_effect, "unknown effect 'craete'", id="effect"),
+        pytest.param(
+            _edit_state_not_in_names,
+            "states differ from names.State: only in the YAML ['halted'], only in the code "
+            "['stopped']",
+            id="state-not-named",
+        ),
+        pytest.param(
+            _edit_effect_not_in_names,
+            "effects differ from names.Effect: only in the YAML [], only in the code "
+            "['cuda_resume']",
+            id="effect-not-named",
+        ),
         pytest.param(_edit_unknown_initial, "'nowhere' is not a declared state", id="initial"),
         pytest.param(_edit_unknown_key, "unknown key(s) ['before']", id="key"),
     ],

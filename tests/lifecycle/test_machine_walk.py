@@ -1,7 +1,7 @@
 """Walking the YAML: every transition fires as declared; every other event is refused.
 
 The cases are generated from machines/actor.yaml, so a new transition is tested the day it
-is added. Both engines (transitions' Machine and the dict table) must agree.
+is added. The interpreter and the transitions reference engine must both do it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from substrate_gpu.lifecycle import actors, errors, events, machine
 SPEC = machine.load_spec()
 ENGINES = [
     pytest.param(machine.TransitionsEngine, id="transitions"),
-    pytest.param(machine.TableEngine, id="table"),
+    pytest.param(machine.Interpreter, id="interpreter"),
 ]
 
 
@@ -46,6 +46,8 @@ def _setup_for(t: machine.TransitionSpec, source: str) -> tuple[actors.ActorView
         actor_fields["gpu"] = truth["is_gpu"]
     if "has_live_context" in truth:
         actor_fields["live_contexts"] = 1 if truth["has_live_context"] else 0
+    if "context_is_open" in truth:
+        actor_fields["live_contexts"] = 1 if truth["context_is_open"] else 0
     if "has_checkpoint" in truth:
         actor_fields["checkpoint"] = "/checkpoints/a/1" if truth["has_checkpoint"] else None
         if t.trigger == "restore_requested" and not truth["has_checkpoint"]:
@@ -155,11 +157,11 @@ def test_a_raising_callback_leaves_the_actor_unchanged(monkeypatch: pytest.Monke
     table = _table(machine.TransitionsEngine)
     table.put(_actor("running", gpu=True))
 
-    def boom(self: actors.Cursor) -> None:
+    def boom(self: actors.Actor, event: events.Event) -> None:
         self.reason = "partial"
         raise RuntimeError("callback bug")
 
-    monkeypatch.setattr(actors.Cursor, "remember_reason", boom)
+    monkeypatch.setattr(actors.Actor, "remember_reason", boom)
     before = table.get("a").snapshot()
     with pytest.raises(RuntimeError):
         table.apply(events.SandboxExited(actor_id="a", status=1))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 
 from lifecycle.doubles import FakeInjector, FakeProbe, FakeRuntime
 from lifecycle.factories import make_event
+from substrate_gpu.eventlog import format
+from substrate_gpu.eventlog.replayer import Replayer, TransitionList
 from substrate_gpu.lifecycle import Agent, actors, errors, events, machine
 
 SPEC = machine.load_spec()
@@ -140,37 +143,70 @@ def test_random_interleavings_keep_the_invariants(
     anyio.run(_scenario, gpus, steps, leave_running, blind)
 
 
-@settings(max_examples=150, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.sampled_from(ACTORS[:2]),
-            st.sampled_from(sorted(events.REGISTRY)),
-            st.booleans(),
-            st.booleans(),
-        ),
-        max_size=80,
-    )
-)
-def test_both_engines_agree(steps: list[tuple[str, str, bool, bool]]) -> None:
-    """transitions' Machine and the dict table accept, refuse and move actors identically."""
-    tables = [
-        actors.ActorTable(SPEC, machine.TransitionsEngine(SPEC)),
-        actors.ActorTable(SPEC, machine.TableEngine(SPEC)),
-    ]
-    for actor_id, event_type, flag, survived in steps:
-        fields: dict[str, object] = {"gpu": flag, "sandbox_survived": survived}
+def _outcome(table: actors.ActorTable, event: events.Event) -> tuple[object, ...]:
+    try:
+        step = table.apply(event)
+    except errors.InvalidEvent as e:
+        return ("refused", e.state, e.problem)
+    return (step.source, step.dest, step.effect, step.reason, step.refusal, step.event.seq)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), length=st.integers(0, 100), cut=st.integers(0, 100))
+def test_the_interpreter_agrees_with_the_transitions_reference(
+    data: st.DataObject, length: int, cut: int
+) -> None:
+    """Live apply, check, replay of the log (rejections included) and replay resumed from a
+    snapshot all give what transitions' Machine gives, event by event and at the end.
+
+    Events are drawn mostly among those the actor's state accepts (so streams reach deep
+    states), sometimes among every type (refusals)."""
+    reference = actors.ActorTable(SPEC, machine.TransitionsEngine(SPEC))
+    live = actors.ActorTable(SPEC)
+    records: list[events.Event | format.Rejection] = []
+    for _ in range(length):
+        actor_id = data.draw(st.sampled_from(ACTORS[:2]))
+        accepted = sorted(SPEC.accepts[reference.state_of(actor_id)])
+        any_type = not accepted or data.draw(st.integers(0, 9)) == 0
+        event_type = data.draw(st.sampled_from(sorted(events.REGISTRY) if any_type else accepted))
+        flag, survived = data.draw(st.booleans()), data.draw(st.booleans())
+        route = data.draw(st.sampled_from(("", events.ROUTE_EXEC, events.ROUTE_RUNSC)))
+        fields: dict[str, object] = {
+            "gpu": flag,
+            "sandbox_survived": survived,
+            "pid": data.draw(st.sampled_from((0, 7, 9))),
+            "route": route or events.ROUTE_EXEC,
+            "cuda_route": route,
+        }
         if event_type == "restore_requested":
-            fields = {"image_path": "/ck" if flag else None}
+            fields["image_path"] = data.draw(st.sampled_from((None, "/ck/1", "/ck/2")))
         event = make_event(event_type, actor_id, **fields)
-        results = []
-        for table in tables:
-            try:
-                step = table.apply(event)
-                results.append((step.source, step.dest, step.effect, step.reason, step.refusal))
-            except errors.InvalidEvent as e:
-                results.append(("refused", str(e)))
-        assert results[0] == results[1]
-        for actor_id_ in ACTORS[:2]:
-            first, second = (t.get(actor_id_) for t in tables)
-            assert (first.snapshot() if first else None) == (second.snapshot() if second else None)
+        try:
+            live.check(event)
+            checked: tuple[object, ...] = ("accepted",)
+        except errors.InvalidEvent as e:
+            checked = ("refused", e.state, e.problem)
+        expected = _outcome(reference, event)
+        assert _outcome(live, event) == expected
+        if expected[0] == "refused":
+            assert checked == expected
+            records.append(format.Rejection(event, str(expected[1]), str(expected[2])))
+        else:
+            assert checked == ("accepted",)
+            records.append(dataclasses.replace(event, seq=int(str(expected[-1]))))
+            hypothesis.event(f"reached {expected[1]}")
+        for a in ACTORS[:2]:
+            ours, theirs = live.get(a), reference.get(a)
+            assert (ours and ours.snapshot()) == (theirs and theirs.snapshot())
+    final = {a.actor_id: a.snapshot() for a in reference}
+
+    replayed = Replayer(SPEC)
+    replayed.feed(Path("log"), enumerate(records, start=2), TransitionList(), [])
+    assert replayed.views() == final
+
+    first = Replayer(SPEC)
+    first.feed(Path("log"), enumerate(records[:cut], start=2), None, None)
+    resumed = Replayer(SPEC)
+    resumed.load_views(first.views().values(), first.last_seq)
+    resumed.feed(Path("log"), enumerate(records[cut:], start=2), None, None)
+    assert resumed.views() == final

@@ -24,9 +24,9 @@ def _populate(registry: CollectorRegistry) -> AgentMetrics:
         registry,
         actor_states=lambda: {"running": 3, "suspended": 2, "checkpointing": 1},
         queue_depth=lambda: 4,
-        transitions=[("running", "probing", "suspend")],
+        transitions=[("running", "probing", "suspend_requested")],
     )
-    m.transition("running", "probing", "suspend", actor_id="actor-1")
+    m.transition("running", "probing", "suspend_requested", actor_id="actor-1")
     m.transition("probing", "running", "checkpoint_refused", actor_id="actor-1")
     m.checkpoint_refused("live_cuda_context", actor_id="actor-1")
     m.checkpoint_failed("live_nvproxy_clients", actor_id="actor-2")

@@ -12,6 +12,7 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
+from substrate_gpu.lifecycle import machine
 from substrate_gpu.observability import metrics
 from substrate_gpu.observability.metrics import AgentMetrics
 
@@ -98,9 +99,9 @@ def test_states_can_come_from_the_lifecycle_machine(registry: CollectorRegistry)
     ("call", "name", "labels"),
     [
         pytest.param(
-            lambda m: m.transition("running", "probing", "suspend"),
+            lambda m: m.transition("running", "probing", "suspend_requested"),
             "substrate_gpu_actor_transitions_total",
-            {"from": "running", "to": "probing", "trigger": "suspend"},
+            {"from": "running", "to": "probing", "trigger": "suspend_requested"},
             id="transition",
         ),
         pytest.param(
@@ -366,25 +367,37 @@ def test_series_count_does_not_depend_on_the_number_of_actors() -> None:
         counts = collections.Counter({"running": actors})
         m = AgentMetrics(registry, actor_states=lambda: counts)
         for i in range(actors):
-            m.transition("starting", "running", "started", actor_id=f"a{i}")
+            m.transition("starting", "running", "sandbox_started", actor_id=f"a{i}")
             m.devices_injected(1, actor_id=f"a{i}")
         return len(samples(_text(registry)))
 
     assert series(10) == series(10_000)
 
 
-def test_the_rules_transitional_regex_matches_transitional_states() -> None:
-    """metrics/rules' single transitional-state regex equals metrics.TRANSITIONAL_STATES."""
+def _transitional_rule() -> tuple[dict[str, str], list[dict[str, str]]]:
     groups = yaml.safe_load(RULES.read_text())["groups"]
-    rule = next(
-        r
-        for g in groups
-        for r in g["rules"]
-        if r.get("record") == "substrate_gpu:actors_transitional"
-    )
+    rules = [r for g in groups for r in g["rules"]]
+    rule = next(r for r in rules if r.get("record") == "substrate_gpu:actors_transitional")
+    return rule, [r for r in rules if r is not rule]
+
+
+def test_the_rules_transitional_regex_is_the_machines_in_flight_states() -> None:
+    """metrics/rules' transitional-state regex is exactly the states of machines/actor.yaml
+    that run an effect (compared with the machine, not with another hand copy)."""
+    rule, _ = _transitional_rule()
     match = re.search(r'state=~"([^"]+)"', rule["expr"])
     assert match is not None
-    assert set(match.group(1).split("|")) == metrics.TRANSITIONAL_STATES
-    assert metrics.TRANSITIONAL_STATES <= metrics.ACTOR_STATES
-    other_exprs = [r["expr"] for g in groups for r in g["rules"] if r is not rule]
-    assert not any("state=~" in e for e in other_exprs), "the regex lives in one place"
+    assert set(match.group(1).split("|")) == set(machine.load_spec().effects)
+
+
+def test_the_transitional_regex_lives_in_one_rule() -> None:
+    """Alerts use the recorded series; no other rule repeats a state regex."""
+    _, others = _transitional_rule()
+    assert not any("state=~" in r["expr"] for r in others)
+
+
+def test_the_default_label_sets_are_the_machines() -> None:
+    """Without ``states=``/``triggers=``, the labels are the machine's states and triggers."""
+    spec = machine.load_spec()
+    assert set(spec.state_names) == metrics.ACTOR_STATES
+    assert {t.trigger for t in spec.transitions} == metrics.TRIGGERS

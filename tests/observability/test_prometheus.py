@@ -24,7 +24,7 @@ def agent_metrics() -> Iterator[tuple[MetricsServer, AgentMetrics]]:
     m = AgentMetrics(
         registry, actor_states=lambda: {"running": 3, "checkpointing": 1, "suspended": 2}
     )
-    m.transition("running", "probing", "suspend", actor_id="actor-1")
+    m.transition("running", "probing", "suspend_requested", actor_id="actor-1")
     m.checkpoint_refused("live_cuda_context", actor_id="actor-1")
     m.effect_finished("inject_gpu", "ok", 0.004, actor_id="actor-1")
     with MetricsServer(registry, port=0) as server:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
+
+from substrate_gpu.lifecycle import machine
 
 from .conftest import METRICS_DIR
 
@@ -88,3 +91,64 @@ def test_the_docs_describe_every_alert() -> None:
     docs = (METRICS_DIR.parent / "docs" / "observability.md").read_text()
     missing = [alert for alert in _alerts() if alert not in docs]
     assert not missing
+
+
+def _stuck_case(state: str, leaving: str) -> dict[str, object]:
+    labels = 'job="substrate-gpu-agent", instance="agent:9477"'
+    return {
+        "name": f"an actor in {state} with no exit for 10 minutes fires",
+        "interval": "1m",
+        "input_series": [
+            {"series": f'substrate_gpu_actors{{{labels}, state="{state}"}}', "values": "1x30"},
+            {
+                "series": f"substrate_gpu_actor_transitions_total{{{labels}, "
+                f'from="{state}", to="failed", trigger="{leaving}"}}',
+                "values": "0x30",
+            },
+        ],
+        "alert_rule_test": [
+            {
+                "eval_time": "12m",
+                "alertname": "SubstrateGpuActorsStuckInTransition",
+                "exp_alerts": [
+                    {
+                        "exp_labels": {
+                            "severity": "warning",
+                            "job": "substrate-gpu-agent",
+                            "instance": "agent:9477",
+                            "state": state,
+                        },
+                        "exp_annotations": {
+                            "summary": f"1 actor(s) stuck in state {state} on agent:9477",
+                            "description": (
+                                f"No actor has left state {state} for 10 minutes while some "
+                                "are in it: an effect (runsc, injection, probe) is hung or its "
+                                "timeout is too long."
+                            ),
+                        },
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def test_the_stuck_actor_alert_fires_for_every_in_flight_state_of_the_machine(
+    promtool: str, tmp_path: Path
+) -> None:
+    """Generated from machines/actor.yaml: an actor sitting in ANY state that runs an effect
+    (cuda_suspending, cuda_resuming and deleting included) fires the stuck-actor alert."""
+    spec = machine.load_spec()
+    cases = [_stuck_case(state, "effect_timed_out") for state in sorted(spec.in_flight_states)]
+    tests = tmp_path / "stuck_test.yml"
+    tests.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [str(METRICS_DIR / "rules" / "substrate-gpu.yml")],
+                "evaluation_interval": "1m",
+                "tests": cases,
+            }
+        )
+    )
+    result = _promtool(promtool, "test", "rules", str(tests))
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,378 @@
+"""The effect registry: every fact about an effect, in one typed entry per effect.
+
+An in-flight state of ``machines/actor.yaml`` names the effect it starts; everything the
+rest of the code needs to know about that effect lives here, once:
+
+- ``outcomes``: the event types it can produce, each with the kind of ending it is (the
+  metric ``outcome`` label); the machine loader checks the effect's state accepts them all;
+- ``failure``: the outcome for an effect that could not finish (a collaborator's bug in
+  the pipeline, or an unreadable runtime in recovery);
+- ``success``: the outcome recovery reports when the runtime proves the effect completed;
+- ``timeout``: the default bound the pipeline runs it under;
+- ``metric_label`` and ``histogram``: how :class:`~substrate_gpu.observability.AgentMetrics`
+  records its duration;
+- ``recovery``: what a restarted agent does with an actor left mid-effect
+  (:mod:`substrate_gpu.eventlog.recovery` interprets it).
+
+The tables other modules used to copy by hand (effects' outcomes and timeouts, recovery's
+failure outcomes, the metrics bridge's label maps) are computed from :data:`REGISTRY`.
+``load_spec`` refuses a machine whose effects differ from the registry's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final, Literal
+
+from substrate_gpu.lifecycle import events
+from substrate_gpu.lifecycle.actors import ActorView
+from substrate_gpu.lifecycle.names import Effect, Trigger
+
+#: What ``runsc state`` said about an actor's container (``unknown``: it could not be read).
+RuntimeStatus = Literal["creating", "created", "running", "paused", "stopped", "missing", "unknown"]
+
+
+class Ending(StrEnum):
+    """How an outcome ends its effect (the metrics' ``outcome`` label)."""
+
+    OK = "ok"
+    REFUSED = "refused"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+
+
+class Histogram(StrEnum):
+    """Which duration histogram suits the effect's time scale."""
+
+    INJECTION = "injection"
+    """Milliseconds: file edits and /proc reads."""
+    RUNTIME = "runtime"
+    """Seconds to minutes: runsc and cuda-checkpoint."""
+
+
+class RecoveryAction(StrEnum):
+    """What recovery does with an actor found mid-effect, given what the runtime said."""
+
+    RERUN = "rerun"
+    """Run the effect again (idempotent, or provably had no effect)."""
+    SUCCEEDED = "succeeded"
+    """The runtime shows the effect completed: accept its ``success`` outcome."""
+    FAILED = "failed"
+    """Accept the effect's ``failure`` outcome."""
+    SANDBOX_RUNS = "sandbox_runs"
+    """A checkpoint that did not finish while the sandbox still runs: failed, survived."""
+    IMAGE_IF_WHOLE = "image_if_whole"
+    """The sandbox is gone: the checkpoint image is the state if whole, else failed."""
+    INTERRUPTED = "interrupted"
+    """Nothing to ask that would tell: ``effect_timed_out`` (failed, recoverable by retry)."""
+
+
+@dataclass(frozen=True)
+class RecoveryRule:
+    """How :func:`substrate_gpu.eventlog.recovery.decide` reconciles one effect."""
+
+    asks_runtime: bool
+    """Ask ``runsc state`` first (False: ``otherwise`` applies, nothing is asked)."""
+    otherwise: RecoveryAction
+    """The action for a status not in ``by_status`` (an unreadable state is always FAILED)."""
+    by_status: Mapping[RuntimeStatus, RecoveryAction] = field(default_factory=dict)
+    """Actions for particular runtime statuses."""
+    deletes_leftover: bool = False
+    """On a FAILED or IMAGE_IF_WHOLE decision, ``runsc delete --force`` an existing container
+    first (what the effect itself does when it fails)."""
+    why: str = ""
+    """Why the rule is safe (the report line's reason for a rerun)."""
+
+    def action(self, status: RuntimeStatus) -> RecoveryAction:
+        """The action for ``status``."""
+        if status == "unknown":
+            return RecoveryAction.FAILED
+        return self.by_status.get(status, self.otherwise)
+
+
+_ALIVE: Final[tuple[RuntimeStatus, ...]] = ("running", "paused")
+
+
+def _alive(action: RecoveryAction) -> dict[RuntimeStatus, RecoveryAction]:
+    return dict.fromkeys(_ALIVE, action)
+
+
+@dataclass(frozen=True)
+class EffectSpec:
+    """Everything known about one effect (see the module doc)."""
+
+    name: Effect
+    outcomes: Mapping[Trigger, Ending]
+    """Every outcome event type it can produce (``effect_timed_out`` included)."""
+    failure: Callable[[ActorView, str], events.Event]
+    """The failure outcome, given the actor and a message."""
+    timeout: float
+    """Default timeout, seconds."""
+    metric_label: str
+    """The ``effect`` label of its duration in AgentMetrics."""
+    histogram: Histogram
+    recovery: RecoveryRule
+    success: Callable[[ActorView], events.Event] | None = None
+    """The outcome of a completed effect, when recovery can establish one."""
+
+
+def _restored(view: ActorView) -> events.Event:
+    # The checkpoint's CUDA pids say the image holds exec-route CUDA state to resume.
+    route = events.ROUTE_EXEC if view.checkpoint_cuda_pids else ""
+    return events.Restored(
+        actor_id=view.actor_id, image_path=view.checkpoint or "", cuda_route=route
+    )
+
+
+_TIMED_OUT: Final = {Trigger.EFFECT_TIMED_OUT: Ending.TIMEOUT}
+
+#: The registry: one entry per effect of ``machines/actor.yaml``.
+REGISTRY: Final[Mapping[str, EffectSpec]] = {
+    spec.name: spec
+    for spec in (
+        EffectSpec(
+            name=Effect.INJECT,
+            outcomes={
+                Trigger.GPU_INJECTED: Ending.OK,
+                Trigger.INJECTION_FAILED: Ending.ERROR,
+                **_TIMED_OUT,
+            },
+            failure=lambda a, m: events.InjectionFailed(actor_id=a.actor_id, message=m),
+            # Injection is local file work.
+            timeout=60.0,
+            metric_label="inject_gpu",
+            histogram=Histogram.INJECTION,
+            recovery=RecoveryRule(
+                asks_runtime=False, otherwise=RecoveryAction.RERUN, why="injection is idempotent"
+            ),
+        ),
+        EffectSpec(
+            name=Effect.CREATE,
+            outcomes={
+                Trigger.SANDBOX_CREATED: Ending.OK,
+                Trigger.EFFECT_FAILED: Ending.ERROR,
+                Trigger.PREFLIGHT_REFUSED: Ending.REFUSED,
+                **_TIMED_OUT,
+            },
+            failure=lambda a, m: events.EffectFailed(
+                actor_id=a.actor_id, effect=Effect.CREATE, message=m
+            ),
+            timeout=60.0,
+            metric_label="runsc_create",
+            histogram=Histogram.RUNTIME,
+            recovery=RecoveryRule(
+                asks_runtime=True,
+                otherwise=RecoveryAction.FAILED,
+                by_status={"created": RecoveryAction.SUCCEEDED},
+                deletes_leftover=True,
+            ),
+            success=lambda a: events.SandboxCreated(actor_id=a.actor_id),
+        ),
+        EffectSpec(
+            name=Effect.START,
+            outcomes={
+                Trigger.SANDBOX_STARTED: Ending.OK,
+                Trigger.EFFECT_FAILED: Ending.ERROR,
+                **_TIMED_OUT,
+            },
+            failure=lambda a, m: events.EffectFailed(
+                actor_id=a.actor_id, effect=Effect.START, message=m
+            ),
+            timeout=30.0,
+            metric_label="runsc_start",
+            histogram=Histogram.RUNTIME,
+            recovery=RecoveryRule(
+                asks_runtime=True,
+                otherwise=RecoveryAction.FAILED,
+                by_status={**_alive(RecoveryAction.SUCCEEDED), "created": RecoveryAction.RERUN},
+                why="the container is created, not started",
+            ),
+            success=lambda a: events.SandboxStarted(actor_id=a.actor_id),
+        ),
+        EffectSpec(
+            name=Effect.PROBE,
+            outcomes={
+                Trigger.NO_LIVE_CONTEXT: Ending.OK,
+                Trigger.LIVE_CONTEXT_FOUND: Ending.OK,
+                Trigger.CHECKPOINT_REFUSED: Ending.REFUSED,
+                Trigger.CHECKPOINT_FAILED: Ending.ERROR,
+                **_TIMED_OUT,
+            },
+            # Unknown whether the sandbox survived: assume not, so the actor is recoverable
+            # from its last good checkpoint rather than believed running.
+            failure=lambda a, m: events.CheckpointFailed(
+                actor_id=a.actor_id, message=m, sandbox_survived=False
+            ),
+            timeout=60.0,
+            metric_label="probe_cuda_context",
+            histogram=Histogram.INJECTION,
+            recovery=RecoveryRule(
+                asks_runtime=False,
+                otherwise=RecoveryAction.RERUN,
+                why="probing for CUDA contexts only reads /proc",
+            ),
+        ),
+        EffectSpec(
+            name=Effect.CUDA_SUSPEND,
+            outcomes={
+                Trigger.CUDA_SUSPENDED: Ending.OK,
+                Trigger.CUDA_SUSPEND_REFUSED: Ending.REFUSED,
+                Trigger.CUDA_SUSPEND_FAILED: Ending.ERROR,
+                **_TIMED_OUT,
+            },
+            # Resume every process that may have been touched.
+            failure=lambda a, m: events.CudaSuspendFailed(
+                actor_id=a.actor_id, message=m, pids=a.cuda_pids
+            ),
+            timeout=600.0,
+            metric_label="cuda_suspend",
+            histogram=Histogram.RUNTIME,
+            # Which processes were locked or checkpointed is not in the log: the actor fails
+            # recoverably, and a retry replaces the sandbox.
+            recovery=RecoveryRule(asks_runtime=False, otherwise=RecoveryAction.INTERRUPTED),
+        ),
+        EffectSpec(
+            name=Effect.CHECKPOINT,
+            outcomes={
+                Trigger.CHECKPOINT_WRITTEN: Ending.OK,
+                Trigger.CHECKPOINT_REFUSED: Ending.REFUSED,
+                Trigger.CHECKPOINT_FAILED: Ending.ERROR,
+                **_TIMED_OUT,
+            },
+            failure=lambda a, m: events.CheckpointFailed(
+                actor_id=a.actor_id, message=m, sandbox_survived=False
+            ),
+            # runsc checkpoint moves the whole sandbox memory.
+            timeout=600.0,
+            metric_label="runsc_checkpoint",
+            histogram=Histogram.RUNTIME,
+            recovery=RecoveryRule(
+                asks_runtime=True,
+                otherwise=RecoveryAction.IMAGE_IF_WHOLE,
+                by_status=_alive(RecoveryAction.SANDBOX_RUNS),
+                deletes_leftover=True,
+            ),
+        ),
+        EffectSpec(
+            name=Effect.CUDA_RESUME,
+            outcomes={
+                Trigger.CUDA_RESUMED: Ending.OK,
+                Trigger.CUDA_RESUME_FAILED: Ending.ERROR,
+                **_TIMED_OUT,
+            },
+            failure=lambda a, m: events.CudaResumeFailed(
+                actor_id=a.actor_id, message=m, sandbox_survived=False
+            ),
+            timeout=600.0,
+            metric_label="cuda_resume",
+            histogram=Histogram.RUNTIME,
+            recovery=RecoveryRule(
+                asks_runtime=True,
+                otherwise=RecoveryAction.FAILED,
+                by_status=_alive(RecoveryAction.RERUN),
+                why="resuming CUDA processes is idempotent (each one's state is asked)",
+            ),
+        ),
+        EffectSpec(
+            name=Effect.RESTORE,
+            outcomes={
+                Trigger.RESTORED: Ending.OK,
+                Trigger.RESTORE_FAILED: Ending.ERROR,
+                Trigger.RESTORE_REFUSED: Ending.REFUSED,
+                **_TIMED_OUT,
+            },
+            failure=lambda a, m: events.RestoreFailed(actor_id=a.actor_id, message=m),
+            timeout=600.0,
+            metric_label="runsc_restore",
+            histogram=Histogram.RUNTIME,
+            recovery=RecoveryRule(
+                asks_runtime=True,
+                otherwise=RecoveryAction.FAILED,
+                by_status=_alive(RecoveryAction.SUCCEEDED),
+                deletes_leftover=True,
+            ),
+            success=_restored,
+        ),
+        EffectSpec(
+            name=Effect.DELETE,
+            outcomes={
+                Trigger.DELETED: Ending.OK,
+                Trigger.EFFECT_FAILED: Ending.ERROR,
+                **_TIMED_OUT,
+            },
+            failure=lambda a, m: events.EffectFailed(
+                actor_id=a.actor_id, effect=Effect.DELETE, message=m
+            ),
+            timeout=60.0,
+            metric_label="runsc_delete",
+            histogram=Histogram.RUNTIME,
+            recovery=RecoveryRule(
+                asks_runtime=True,
+                otherwise=RecoveryAction.RERUN,
+                by_status={"missing": RecoveryAction.SUCCEEDED},
+                why="deleting is idempotent",
+            ),
+            success=lambda a: events.Deleted(actor_id=a.actor_id),
+        ),
+    )
+}
+
+
+def check_registry() -> list[str]:
+    """Internal consistency of :data:`REGISTRY` (problems, empty when none).
+
+    The failure and success outcomes must be among the effect's outcomes, and every
+    outcome must name an event produced by an effect, so each lands on a transition the
+    loader has checked.
+    """
+    problems: list[str] = []
+    sample = ActorView(
+        actor_id="x", state="x", gpu=False, bundle="", checkpoint=None, live_contexts=0,
+        sandbox=False, reason=None,
+    )  # fmt: skip
+    for name, spec in REGISTRY.items():
+        if name != spec.name:
+            problems.append(f"entry {name!r} describes effect {spec.name!r}")
+        failure = spec.failure(sample, "m").type
+        if failure not in spec.outcomes:
+            problems.append(f"effect {name}: its failure outcome {failure!r} is not an outcome")
+        if spec.success is not None and spec.success(sample).type not in spec.outcomes:
+            problems.append(f"effect {name}: its success outcome is not one of its outcomes")
+        for outcome in spec.outcomes:
+            cls = events.REGISTRY.get(outcome)
+            if cls is None or cls.external:
+                problems.append(f"effect {name}: {outcome!r} is not an outcome event type")
+    return problems
+
+
+def outcomes(effect: str) -> tuple[str, ...]:
+    """The outcome event types ``effect`` can produce."""
+    return tuple(REGISTRY[effect].outcomes)
+
+
+#: Effect -> default timeout, seconds.
+DEFAULT_TIMEOUTS: Final[Mapping[str, float]] = {e: s.timeout for e, s in REGISTRY.items()}
+#: Effect -> the AgentMetrics ``effect`` label of its duration.
+METRIC_LABELS: Final[Mapping[str, str]] = {e: s.metric_label for e, s in REGISTRY.items()}
+#: (effect, outcome event type) -> the AgentMetrics ``outcome`` label.
+ENDINGS: Final[Mapping[tuple[str, str], str]] = {
+    (e, o): ending for e, s in REGISTRY.items() for o, ending in s.outcomes.items()
+}
+#: AgentMetrics effect labels timed in millisecond buckets, and in second buckets.
+INJECTION_LABELS: Final = frozenset(
+    s.metric_label for s in REGISTRY.values() if s.histogram is Histogram.INJECTION
+)
+RUNTIME_LABELS: Final = frozenset(
+    s.metric_label for s in REGISTRY.values() if s.histogram is Histogram.RUNTIME
+)
+
+
+def failure_outcome(effect: str, actor: ActorView, message: str) -> events.Event:
+    """The failure outcome of ``effect`` (registry's ``failure``); a newer machine's unknown
+    effect gets ``effect_timed_out``, the one outcome every in-flight state accepts."""
+    spec = REGISTRY.get(effect)
+    if spec is None:
+        return events.EffectTimedOut(actor_id=actor.actor_id, effect=effect, seconds=0.0)
+    return spec.failure(actor, message)
