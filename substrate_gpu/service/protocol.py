@@ -3,7 +3,7 @@
 Pure functions on bytes and values; the server (:mod:`.server`) does the I/O. Requests and
 answers are msgspec types decoded and encoded by :mod:`substrate_gpu.lifecycle.codec`, the
 codec of the event log too; ``docs/schema/agent-protocol.schema.json`` is generated from
-them (:func:`json_schema`).
+them (:mod:`substrate_gpu.service.schema`).
 
 **Requests** are lifecycle events in their JSON form (:meth:`Event.to_json`) without a
 ``seq``: ``{"type": "run_requested", "v": 1, "actor_id": "a1"}``. ``v`` is required (the
@@ -73,7 +73,7 @@ REJECTION_REASONS: Final[Mapping[str, str]] = {
 class Ack(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The answer to an accepted request: logged (durable) and applied."""
 
-    ok: Literal[True] = True
+    ok: Literal[True]
     seq: int
     """The event's position in the event log."""
     actor_id: str
@@ -90,7 +90,7 @@ class Ack(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
 class Refusal(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The answer to a refused request: nothing was logged or changed."""
 
-    ok: Literal[False] = False
+    ok: Literal[False]
     error: str
     """What was wrong, for a person."""
     kind: ErrorKind
@@ -208,6 +208,7 @@ def ack(seq: int, transition: hooks.Transition) -> bytes:
     """The acknowledgement line of an accepted event."""
     return codec.encode_line(
         Ack(
+            ok=True,
             seq=seq,
             actor_id=transition.actor_id,
             event=transition.event_type,
@@ -222,6 +223,7 @@ def refusal(error: RequestError, line_number: int) -> bytes:
     """The error line of a refused request."""
     return codec.encode_line(
         Refusal(
+            ok=False,
             error=error.message,
             kind=error.kind,
             line=line_number,
