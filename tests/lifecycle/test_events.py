@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from typing import Literal
 
+import msgspec
 import pytest
 
 from lifecycle.factories import make_event
-from substrate_gpu.lifecycle import errors, events
+from substrate_gpu.lifecycle import codec, errors, events
 
 ALL_TYPES = [pytest.param(name, id=name) for name in sorted(events.REGISTRY)]
 
@@ -160,3 +162,29 @@ def test_the_json_form_of_an_event_is_what_msgspec_writes_for_it() -> None:
     )
     back = events.from_json(event.to_json().replace("5.0", "5"))
     assert back == event and isinstance(back.at, float)
+
+
+def test_a_version_bump_reads_both_versions_and_upgrades_the_old_one() -> None:
+    """The documented path for a type's v2: Literal[1, 2] = 2, __post_init__ upgrades a v1."""
+
+    class Bumped(events.Event, frozen=True, tag="bumped_for_test"):
+        v: Literal[1, 2] = 2  # type: ignore[assignment]
+        seconds: float = 0.0
+        """v1 carried milliseconds in ``seconds``; v2 carries seconds."""
+
+        def __post_init__(self) -> None:
+            if self.v == 1:
+                msgspec.structs.force_setattr(self, "seconds", self.seconds / 1000)
+                msgspec.structs.force_setattr(self, "v", 2)
+
+    decoder: codec.Decoder[events.Event] = codec.Decoder(
+        Bumped, what="event", kinds={"bumped_for_test": Bumped}
+    )
+    old = decoder.decode(b'{"type": "bumped_for_test", "v": 1, "actor_id": "a", "seconds": 1500}')
+    new = decoder.decode(b'{"type": "bumped_for_test", "v": 2, "actor_id": "a", "seconds": 1.5}')
+    assert (old.v, old.seconds) == (new.v, new.seconds) == (2, 1.5)  # type: ignore[attr-defined]
+    assert json.loads(old.to_json())["v"] == 2
+    with pytest.raises(
+        errors.EventSchemaError, match="schema version 3; this agent reads version 1, 2"
+    ):
+        decoder.decode(b'{"type": "bumped_for_test", "v": 3, "actor_id": "a"}')
