@@ -6,17 +6,19 @@ being written when the agent died; it never reached its fsync, so it was never a
 and no effect acted on it. It is dropped, never parsed (a cut line can be valid JSON that
 says something else), and reported as :class:`TornTail` (byte offset and size).
 
-Parsing speed matters (recovery reads the whole segment): lines are parsed a chunk at a
-time with one ``json.loads`` of ``[line,line,...]``. A chunk is only trusted when every
-line is framed as one object (starts with ``{``, ends with ``}``) and the array has exactly
-one element per line; otherwise the chunk is parsed line by line, which finds the bad line.
+Parsing speed matters (recovery reads the whole segment): the complete lines are decoded in
+one call (msgspec's newline-delimited decoding into the record union, see
+:mod:`substrate_gpu.eventlog.format`). The result is only trusted when it decodes and gives
+exactly one record per line; otherwise the lines are decoded a chunk at a time and a bad
+chunk line by line, which names the bad line (blank lines, two values on one line and
+every schema error are found this way).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import json
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,14 +113,14 @@ def parse_log(path: Path, data: bytes) -> LogContents:
         return LogContents(path, format.Header(v=format.VERSION), None, [], torn, 0)
     first = data.index(b"\n") + 1
     try:
-        header = format.parse_header(json.loads(data[: first - 1]))
+        header = format.decode_header(data[: first - 1])
     except ValueError as e:
         raise errors.CorruptLogError(path, 1, str(e)) from e
     base = None
     if header.snapshot is not None:
         base = snapshot.read(path.with_name(header.snapshot), seq=header.base_seq)
     with gc_paused():
-        records = list(_records(path, data, first, end))
+        records = _all_records(path, data, first, end)
     _check_order(path, records, header.base_seq)
     return LogContents(path, header, base, records, torn, end)
 
@@ -136,65 +138,54 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _all_records(path: Path, data: bytes, start: int, end: int) -> list[format.Record]:
+    """Every record of ``data[start:end]``: one msgspec call when the log is sound (no copy,
+    no per-chunk work); by chunks, then lines, to name the bad line when it is not."""
+    if start >= end:
+        return []
+    try:
+        records = format.RECORD.decode_lines(memoryview(data)[start:end])
+    except lifecycle_errors.EventSchemaError:
+        records = []
+    if len(records) == data.count(b"\n", start, end):
+        return records
+    return list(_records(path, data, start, end))
+
+
 def _records(path: Path, data: bytes, start: int, end: int) -> Iterator[format.Record]:
     """The records of the complete lines in ``data[start:end]`` (line 2 starts at ``start``)."""
-    fast = format.fast_decoders()
-    decode_record = format.decode_record
     number = 2
+    decode_lines = format.RECORD.decode_lines
     while start < end:
         stop = data.find(b"\n", min(start + _CHUNK_BYTES, end - 1))
         block = data[start:stop]  # whole lines, without the last newline
         count = block.count(b"\n") + 1
-        parsed = _parse_block(block, count)
-        if parsed is None:
-            lines = block.split(b"\n")
-            parsed = [_parse_line(path, number + i, line) for i, line in enumerate(lines)]
-        for i, item in enumerate(parsed):
-            decode = fast.get(item.get("type"))  # type: ignore[call-overload]
-            try:
-                record = decode(item) if decode is not None else None
-                if record is None:
-                    record = decode_record(item)
-            except (ValueError, lifecycle_errors.EventSchemaError) as e:
-                raise errors.CorruptLogError(path, number + i, str(e)) from e
-            yield record
+        try:
+            parsed = decode_lines(block)
+        except lifecycle_errors.EventSchemaError:
+            parsed = []
+        if len(parsed) != count:
+            # A bad line, a blank one, or two values on one line: find it, and name it.
+            parsed = [
+                _parse_line(path, number + i, line) for i, line in enumerate(block.split(b"\n"))
+            ]
+        yield from parsed
         number += count
         start = stop + 1
 
 
-def _parse_block(block: bytes, count: int) -> list[dict[str, object]] | None:
-    """The ``count`` objects of ``block`` parsed at once, or None to go line by line.
-
-    JSON never holds a raw newline inside a value, so ``block`` with its newlines turned
-    into commas is the array of its lines. It is only trusted when every line is framed as
-    one object (``{`` first, ``}`` last) and the array has exactly one element per line.
-    """
-    if not (block.startswith(b"{") and block.endswith(b"}")):
-        return None
-    if block.count(b"}\n{") != count - 1:
-        return None
+def _parse_line(path: Path, number: int, line: bytes) -> format.Record:
     try:
-        parsed = json.loads(b"[" + block.replace(b"\n", b",") + b"]")
-    except ValueError:
-        return None
-    if len(parsed) != count or not all(type(item) is dict for item in parsed):
-        return None
-    return parsed  # type: ignore[no-any-return]
-
-
-def _parse_line(path: Path, number: int, line: bytes) -> dict[str, object]:
-    try:
-        data = json.loads(line)
-    except ValueError as e:
-        raise errors.CorruptLogError(path, number, f"not valid JSON ({e})") from e
-    if not isinstance(data, dict):
-        raise errors.CorruptLogError(
-            path, number, f"a record must be a JSON object, got {type(data).__name__}"
-        )
-    return data
+        return format.RECORD.decode(line)
+    except lifecycle_errors.EventSchemaError as e:
+        raise errors.CorruptLogError(path, number, str(e)) from e
 
 
 def _check_order(path: Path, records: list[format.Record], base_seq: int) -> None:
+    rejection = format.Rejection
+    seqs = [r.seq for r in records if r.__class__ is not rejection]  # type: ignore[union-attr]
+    if all(map(operator.lt, [base_seq, *seqs], seqs)):
+        return  # the common case, checked in C; otherwise find the line below
     last = base_seq
     event_type = events.Event
     for i, record in enumerate(records):

@@ -48,7 +48,7 @@ import structlog
 
 from substrate_gpu import _atomic
 from substrate_gpu.eventlog import errors, format, reader, replayer, snapshot
-from substrate_gpu.lifecycle import events, machine
+from substrate_gpu.lifecycle import codec, events, machine
 
 _log = structlog.get_logger(__name__)
 
@@ -63,7 +63,7 @@ class AppendMetrics(Protocol):
 
 @dataclass
 class _Batch:
-    lines: list[str] = field(default_factory=list)
+    lines: list[bytes] = field(default_factory=list)
     events: list[events.Event] = field(default_factory=list)
     first: float = 0.0
     last_seq: int = 0
@@ -178,7 +178,7 @@ class EventLog:
         batch = self._open_batch
         if not batch.lines:
             batch.first = time.monotonic()
-        batch.lines.append(event.to_json())
+        batch.lines.append(codec.encode_line(event))
         batch.events.append(event)
         batch.last_seq = event.seq
         await self._until_durable(batch)
@@ -189,7 +189,8 @@ class EventLog:
         batch = self._open_batch
         if not batch.lines:
             batch.first = time.monotonic()
-        batch.lines.append(format.Rejection(event=event, state=state, problem=problem).to_json())
+        rejection = format.Rejection(event=event, state=state, problem=problem)
+        batch.lines.append(codec.encode_line(rejection))
         await self._until_durable(batch)
 
     async def aclose(self) -> None:
@@ -231,7 +232,7 @@ class EventLog:
                 batch, self._open_batch = self._open_batch, _Batch()
                 try:
                     self._track(batch)
-                    data = "".join(line + "\n" for line in batch.lines).encode()
+                    data = b"".join(batch.lines)
                     await anyio.to_thread.run_sync(self._append, data)
                 except (OSError, errors.EventLogError) as e:
                     batch.error = e

@@ -9,24 +9,36 @@ Two kinds:
 - **outcomes** are produced by the pipeline's effects (``gpu_injected``,
   ``checkpoint_failed``, ...) and fed back into the machine.
 
-The JSON form (one object, the event log's line) is ``{"type", "v", "actor_id", "seq",
-"at", ...fields}``. ``v`` is the schema version of that type: :func:`from_json` refuses an
-unknown type or version instead of guessing, so an old agent never misreads a newer log.
-``seq`` is stamped by the agent when it accepts the event (a per-agent monotonically
-increasing number: the order of the event log); ``at`` is the wall-clock time of creation.
+Events are msgspec ``Struct`` s: a tagged union keyed on ``type``, decoded strictly by
+:mod:`substrate_gpu.lifecycle.codec` (the one codec of the wire, the log, snapshots and
+replay). The JSON form (one object, the event log's line) is ``{"type", ...fields, "v",
+"actor_id", "seq", "at"}`` (msgspec writes a subclass's fields before the base's; a reader
+takes the keys in any order). ``v`` is the schema version of that type, a ``Literal`` field:
+decoding refuses an unknown type or version instead of guessing, so an old agent never
+misreads a newer log. ``seq`` is stamped by the agent when it accepts the event (a per-agent
+monotonically increasing number: the order of the event log); ``at`` is the wall-clock
+time of creation, bounded to what a timestamp can mean (:data:`AT_MAX`).
+
+**Versioning one type.** A change that keeps old lines meaningful adds a field with a
+default (old lines read with it, ``v`` stays). Any other change bumps that type's ``v``:
+its field becomes ``v: Literal[1, 2] = 2`` (reads both, writes 2) and ``__post_init__``
+upgrades a ``v == 1`` value to the new meaning, with a test on a v1 line.
 
 Events compare equal field by field, hash, and order by ``(seq, at)`` so a log sorts.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
+import functools
+import operator
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, TypeVar
+import typing
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any, ClassVar, Final, Literal, TypeVar
 
-from substrate_gpu.lifecycle import errors
+import msgspec
+
+from substrate_gpu.lifecycle import codec, errors
 
 #: Bounded reasons for ``checkpoint_refused`` (also the metrics label value).
 REFUSED_LIVE_CONTEXT_OBSERVED = "live_context_observed"
@@ -40,29 +52,60 @@ REFUSED_CUDA_LOCK_TIMEOUT = "cuda_lock_timeout"
 #: The exec route's suspend was rolled back for another reason (unsupported, tool missing…).
 REFUSED_CUDA_SUSPEND = "cuda_suspend_refused"
 
-#: The pools' GPU suspend policies (``actor_registered.suspend_policy``).
-SUSPEND_POLICIES = ("auto", "refuse")
+SuspendPolicy = Literal["auto", "refuse"]
+"""A pool's GPU suspend policy (``actor_registered.suspend_policy``)."""
+#: The pools' GPU suspend policies.
+SUSPEND_POLICIES: Final[tuple[str, ...]] = typing.get_args(SuspendPolicy)
 #: Suspend routes for an actor with a live CUDA context (``live_context_found.route``).
 ROUTE_RUNSC = "runsc-cuda-checkpoint"
 ROUTE_EXEC = "exec-cuda-checkpoint"
 
+AT_MIN: Final = 0.0
+"""The earliest ``at`` decoded: the epoch (a negative time is a client's mistake)."""
+AT_MAX: Final = 253402300799.0
+"""The latest ``at`` decoded: 9999-12-31T23:59:59Z, the last second a timestamp can be
+rendered as a date (``substrate-gpu replay`` prints every event's)."""
+SEQ_MAX: Final = 2**63 - 1
+"""The largest ``seq`` decoded (a signed 64-bit counter: never reached in practice)."""
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Event:
+Timestamp = Annotated[
+    float,
+    msgspec.Meta(
+        ge=AT_MIN,
+        le=AT_MAX,
+        description="Creation time, seconds since the epoch (0 to 9999-12-31T23:59:59Z).",
+    ),
+]
+Seq = Annotated[
+    int,
+    msgspec.Meta(
+        ge=0, le=SEQ_MAX, description="Acceptance order, stamped by the agent (0 until then)."
+    ),
+]
+
+
+class Event(
+    msgspec.Struct,
+    frozen=True,
+    kw_only=True,
+    tag_field="type",
+    forbid_unknown_fields=True,
+    gc=False,  # fields are strings and numbers: no cycle, and a million events stay untracked
+):
     """Base of every lifecycle event."""
 
     type: ClassVar[str]
-    """The event type name, which is also its trigger in the machine."""
-    v: ClassVar[int] = 1
-    """The schema version of this event type."""
+    """The event type name (its msgspec tag), which is also its trigger in the machine."""
     external: ClassVar[bool] = True
     """Submitted by the node agent (True) or produced by an effect (False)."""
 
+    v: Literal[1] = 1
+    """The schema version of this event type (see the module doc to bump one)."""
     actor_id: str
     """The actor (also its sandbox container id)."""
-    seq: int = 0
+    seq: Seq = 0
     """Acceptance order, stamped by the agent (0 until accepted)."""
-    at: float = dataclasses.field(default_factory=time.time)
+    at: Timestamp = msgspec.field(default_factory=time.time)
     """Creation time, seconds since the epoch."""
 
     def _key(self) -> tuple[int, float, str, str]:
@@ -89,19 +132,16 @@ class Event:
         return self._key() >= other._key()
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON-ready mapping of this event (``type`` and ``v`` first)."""
-        out: dict[str, Any] = {"type": self.type, "v": self.v}
-        for f in dataclasses.fields(self):
-            out[f.name] = getattr(self, f.name)
-        return out
+        """The JSON-ready mapping of this event (what :meth:`to_json` writes)."""
+        return codec.to_builtins(self)  # type: ignore[no-any-return]
 
     def to_json(self) -> str:
         """One compact JSON line (no newline)."""
-        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
+        return codec.encode(self).decode()
 
     def stamped(self, seq: int) -> Event:
         """A copy carrying acceptance sequence number ``seq``."""
-        return dataclasses.replace(self, seq=seq)
+        return msgspec.structs.replace(self, seq=seq)
 
     def describe(self) -> str:
         """A short human reason carried by this event, if it has one."""
@@ -113,92 +153,36 @@ E = TypeVar("E", bound=type[Event])
 #: Every event class by type name.
 REGISTRY: dict[str, type[Event]] = {}
 
-#: The JSON value check for each annotation used by event fields.
-_CHECKS: dict[str, Callable[[object], bool]] = {
-    "str": lambda x: isinstance(x, str),
-    "int": lambda x: isinstance(x, int) and not isinstance(x, bool),
-    "bool": lambda x: isinstance(x, bool),
-    "float": lambda x: isinstance(x, int | float) and not isinstance(x, bool),
-    "str | None": lambda x: x is None or isinstance(x, str),
-}
+
+def union_of(classes: Iterable[type[msgspec.Struct]]) -> Any:
+    """The union type ``A | B | ...`` of tagged Struct classes (what msgspec decodes by tag)."""
+    return functools.reduce(operator.or_, classes)
 
 
 def register(cls: E) -> E:
     """Class decorator: add an event class to :data:`REGISTRY` (type names are unique)."""
-    if cls.type in REGISTRY:
-        raise TypeError(f"event type {cls.type!r} registered twice")
-    for f in dataclasses.fields(cls):
-        if f.type not in _CHECKS:
-            raise TypeError(f"event {cls.type}: field {f.name} has unsupported type {f.type}")
-    REGISTRY[cls.type] = cls
+    tag = cls.__struct_config__.tag
+    if not isinstance(tag, str) or tag == cls.__name__:
+        raise TypeError(f"event class {cls.__name__} needs an explicit tag= (its type name)")
+    if tag in REGISTRY:
+        raise TypeError(f"event type {tag!r} registered twice")
+    cls.type = tag
+    REGISTRY[tag] = cls
     return cls
-
-
-def from_dict(data: Mapping[str, object]) -> Event:
-    """Rebuild an event from its JSON mapping; :class:`EventSchemaError` when invalid."""
-    kind = data.get("type")
-    if not isinstance(kind, str):
-        raise errors.EventSchemaError(f"event {dict(data)!r} has no string 'type'")
-    cls = REGISTRY.get(kind)
-    if cls is None:
-        raise errors.EventSchemaError(
-            f"unknown event type {kind!r}; known: {', '.join(sorted(REGISTRY))}"
-        )
-    version = data.get("v")
-    if version != cls.v:
-        raise errors.EventSchemaError(
-            f"event {kind!r} has schema version {version!r}; this agent reads version {cls.v} "
-            "(upgrade the agent to read newer logs)"
-        )
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(data) - set(fields) - {"type", "v"}
-    if unknown:
-        raise errors.EventSchemaError(
-            f"event {kind!r} has unknown field(s) {', '.join(sorted(unknown))}"
-        )
-    kwargs: dict[str, Any] = {}
-    for name, f in fields.items():
-        if name not in data:
-            has_default = f.default is not dataclasses.MISSING or (
-                f.default_factory is not dataclasses.MISSING
-            )
-            if not has_default:
-                raise errors.EventSchemaError(f"event {kind!r} lacks field {name!r}")
-            continue
-        value = data[name]
-        if not _CHECKS[str(f.type)](value):
-            raise errors.EventSchemaError(
-                f"event {kind!r} field {name!r} must be {f.type}, got {value!r}"
-            )
-        kwargs[name] = float(value) if f.type == "float" else value  # type: ignore[arg-type]
-    return cls(**kwargs)
-
-
-def from_json(text: str | bytes) -> Event:
-    """Rebuild an event from :meth:`Event.to_json` output."""
-    try:
-        data = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise errors.EventSchemaError(f"event is not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise errors.EventSchemaError(f"event must be a JSON object, got {type(data).__name__}")
-    return from_dict(data)
 
 
 # --- external events: from the node agent --------------------------------------------------
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ActorRegistered(Event):
+class ActorRegistered(Event, frozen=True, tag="actor_registered"):
     """The node agent knows a new actor."""
 
-    type: ClassVar[str] = "actor_registered"
     gpu: bool
     """The actor's pool requests GPUs: inject them and use nvproxy."""
     bundle: str
     """The OCI bundle directory of the actor's container."""
-    suspend_policy: str = "auto"
+    suspend_policy: SuspendPolicy = "auto"
     """The pool's GPU suspend policy: ``auto`` suspends a live CUDA context through the best
     route the node has (refusing when there is none), ``refuse`` always refuses while a
     context is live (the upstream behaviour). Optional: older logs read as ``auto``."""
@@ -212,37 +196,27 @@ class ActorRegistered(Event):
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class BundlePrepared(Event):
+class BundlePrepared(Event, frozen=True, tag="bundle_prepared"):
     """The actor's OCI bundle is (re-)unpacked and ready."""
 
-    type: ClassVar[str] = "bundle_prepared"
     bundle: str
     """The bundle directory (may differ from the registered one)."""
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RunRequested(Event):
+class RunRequested(Event, frozen=True, tag="run_requested"):
     """Run the actor from its bundle (inject, create, start)."""
 
-    type: ClassVar[str] = "run_requested"
-
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SuspendRequested(Event):
+class SuspendRequested(Event, frozen=True, tag="suspend_requested"):
     """Checkpoint the actor and stop its sandbox."""
 
-    type: ClassVar[str] = "suspend_requested"
-
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RestoreRequested(Event):
+class RestoreRequested(Event, frozen=True, tag="restore_requested"):
     """Restore the actor from a checkpoint (its last one, or ``image_path``)."""
 
-    type: ClassVar[str] = "restore_requested"
     image_path: str | None = None
     """The checkpoint to restore (from another worker); default: the actor's last one."""
     worker: str | None = None
@@ -250,47 +224,35 @@ class RestoreRequested(Event):
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RetryRequested(Event):
+class RetryRequested(Event, frozen=True, tag="retry_requested"):
     """Recover a failed actor: from its last good checkpoint, else from its bundle."""
 
-    type: ClassVar[str] = "retry_requested"
-
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DeleteRequested(Event):
+class DeleteRequested(Event, frozen=True, tag="delete_requested"):
     """Delete the actor's sandbox and forget the actor."""
 
-    type: ClassVar[str] = "delete_requested"
-
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CudaContextOpened(Event):
+class CudaContextOpened(Event, frozen=True, tag="cuda_context_opened"):
     """A process of the actor's sandbox opened a CUDA context."""
 
-    type: ClassVar[str] = "cuda_context_opened"
     pid: int = 0
     """The process inside the sandbox, when known."""
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CudaContextClosed(Event):
+class CudaContextClosed(Event, frozen=True, tag="cuda_context_closed"):
     """A CUDA context of the actor's sandbox was closed."""
 
-    type: ClassVar[str] = "cuda_context_closed"
     pid: int = 0
     """The process inside the sandbox, when known."""
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SandboxExited(Event):
+class SandboxExited(Event, frozen=True, tag="sandbox_exited"):
     """The actor's sandbox exited on its own."""
 
-    type: ClassVar[str] = "sandbox_exited"
     status: int = 0
     """The exit status of the container's init process."""
 
@@ -301,29 +263,24 @@ class SandboxExited(Event):
 # --- outcomes: produced by the pipeline's effects ------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Outcome(Event):
+class Outcome(Event, frozen=True):
     """An effect's result."""
 
     external: ClassVar[bool] = False
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GpuInjected(Outcome):
+class GpuInjected(Outcome, frozen=True, tag="gpu_injected"):
     """The GPUs were injected into the bundle."""
 
-    type: ClassVar[str] = "gpu_injected"
     devices: int
     """Device nodes injected."""
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class InjectionFailed(Outcome):
+class InjectionFailed(Outcome, frozen=True, tag="injection_failed"):
     """GPU injection failed; the bundle is untouched."""
 
-    type: ClassVar[str] = "injection_failed"
     message: str
 
     def describe(self) -> str:
@@ -331,37 +288,27 @@ class InjectionFailed(Outcome):
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SandboxCreated(Outcome):
+class SandboxCreated(Outcome, frozen=True, tag="sandbox_created"):
     """``runsc create`` succeeded."""
 
-    type: ClassVar[str] = "sandbox_created"
-
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SandboxStarted(Outcome):
+class SandboxStarted(Outcome, frozen=True, tag="sandbox_started"):
     """``runsc start`` succeeded."""
 
-    type: ClassVar[str] = "sandbox_started"
-
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CheckpointWritten(Outcome):
+class CheckpointWritten(Outcome, frozen=True, tag="checkpoint_written"):
     """The checkpoint image is written and the sandbox is gone."""
 
-    type: ClassVar[str] = "checkpoint_written"
     image_path: str
     """The checkpoint directory: the actor's new last good checkpoint."""
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CheckpointRefused(Outcome):
+class CheckpointRefused(Outcome, frozen=True, tag="checkpoint_refused"):
     """The checkpoint was not taken because a CUDA context is live."""
 
-    type: ClassVar[str] = "checkpoint_refused"
     reason: str
     """A bounded code (``live_context_probed``, ``live_nvproxy_clients``, ...)."""
     sandbox_survived: bool
@@ -375,11 +322,9 @@ class CheckpointRefused(Outcome):
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CheckpointFailed(Outcome):
+class CheckpointFailed(Outcome, frozen=True, tag="checkpoint_failed"):
     """The runtime failed to checkpoint."""
 
-    type: ClassVar[str] = "checkpoint_failed"
     message: str
     """The runtime's message."""
     sandbox_survived: bool
@@ -390,11 +335,9 @@ class CheckpointFailed(Outcome):
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Restored(Outcome):
+class Restored(Outcome, frozen=True, tag="restored"):
     """The sandbox was restored from a checkpoint and runs."""
 
-    type: ClassVar[str] = "restored"
     image_path: str
     devices: int = 0
     """Device nodes injected into the bundle before restoring (GPU actors)."""
@@ -404,11 +347,9 @@ class Restored(Outcome):
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RestoreFailed(Outcome):
+class RestoreFailed(Outcome, frozen=True, tag="restore_failed"):
     """Restoring failed; the checkpoint is still there."""
 
-    type: ClassVar[str] = "restore_failed"
     message: str
 
     def describe(self) -> str:
@@ -416,11 +357,9 @@ class RestoreFailed(Outcome):
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EffectFailed(Outcome):
+class EffectFailed(Outcome, frozen=True, tag="effect_failed"):
     """A runtime effect (create, start, delete) failed."""
 
-    type: ClassVar[str] = "effect_failed"
     effect: str
     message: str
 
@@ -429,11 +368,9 @@ class EffectFailed(Outcome):
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EffectTimedOut(Outcome):
+class EffectTimedOut(Outcome, frozen=True, tag="effect_timed_out"):
     """An effect did not finish within its timeout and was cancelled."""
 
-    type: ClassVar[str] = "effect_timed_out"
     effect: str
     seconds: float
 
@@ -442,30 +379,22 @@ class EffectTimedOut(Outcome):
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Deleted(Outcome):
+class Deleted(Outcome, frozen=True, tag="deleted"):
     """The sandbox is deleted."""
-
-    type: ClassVar[str] = "deleted"
 
 
 # --- GPU-aware suspend (docs/gpu-suspend.md) -------------------------------------------------
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class NoLiveContext(Outcome):
+class NoLiveContext(Outcome, frozen=True, tag="no_live_context"):
     """The probe found no live CUDA context: a plain checkpoint will do."""
-
-    type: ClassVar[str] = "no_live_context"
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LiveContextFound(Outcome):
+class LiveContextFound(Outcome, frozen=True, tag="live_context_found"):
     """A CUDA context is live and the node has a route to suspend it with its state."""
 
-    type: ClassVar[str] = "live_context_found"
     route: str
     """``runsc-cuda-checkpoint`` or ``exec-cuda-checkpoint`` (see ``cudackpt.routing``)."""
     message: str = ""
@@ -476,21 +405,17 @@ class LiveContextFound(Outcome):
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CudaSuspended(Outcome):
+class CudaSuspended(Outcome, frozen=True, tag="cuda_suspended"):
     """Every CUDA process of the sandbox is checkpointed (exec route): it can be saved."""
 
-    type: ClassVar[str] = "cuda_suspended"
     pids: str
     """The sandbox pids suspended, comma-separated (resumed after restore or a failure)."""
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CudaSuspendRefused(Outcome):
+class CudaSuspendRefused(Outcome, frozen=True, tag="cuda_suspend_refused"):
     """The exec route's suspend was rolled back: every process runs, as before."""
 
-    type: ClassVar[str] = "cuda_suspend_refused"
     reason: str
     """A bounded code (``cuda_lock_timeout``, ``cuda_suspend_refused``)."""
     message: str = ""
@@ -502,11 +427,9 @@ class CudaSuspendRefused(Outcome):
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CudaSuspendFailed(Outcome):
+class CudaSuspendFailed(Outcome, frozen=True, tag="cuda_suspend_failed"):
     """The exec route's suspend failed and its rollback did not bring every process back."""
 
-    type: ClassVar[str] = "cuda_suspend_failed"
     message: str
     pids: str = ""
     """Every pid the suspend touched, comma-separated: all are to be resumed."""
@@ -516,21 +439,17 @@ class CudaSuspendFailed(Outcome):
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CudaResumed(Outcome):
+class CudaResumed(Outcome, frozen=True, tag="cuda_resumed"):
     """Every suspended CUDA process of the sandbox runs again (restored and unlocked)."""
 
-    type: ClassVar[str] = "cuda_resumed"
     pids: str = ""
     """The sandbox pids resumed, comma-separated."""
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CudaResumeFailed(Outcome):
+class CudaResumeFailed(Outcome, frozen=True, tag="cuda_resume_failed"):
     """Some CUDA processes could not be brought back (left checkpointed or locked)."""
 
-    type: ClassVar[str] = "cuda_resume_failed"
     message: str
     sandbox_survived: bool
     """The sandbox still runs (its stuck processes are recovered by a retry)."""
@@ -540,11 +459,9 @@ class CudaResumeFailed(Outcome):
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PreflightRefused(Outcome):
+class PreflightRefused(Outcome, frozen=True, tag="preflight_refused"):
     """Driver preflight refused to create a GPU sandbox on this node (none was created)."""
 
-    type: ClassVar[str] = "preflight_refused"
     code: str
     """A bounded code (``driver-unsupported``, ``driver-mismatch``, ``driver-unreadable``)."""
     message: str
@@ -554,14 +471,40 @@ class PreflightRefused(Outcome):
 
 
 @register
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RestoreRefused(Outcome):
+class RestoreRefused(Outcome, frozen=True, tag="restore_refused"):
     """The checkpoint cannot be restored on this node; it is kept, untouched."""
 
-    type: ClassVar[str] = "restore_refused"
     code: str
     """A bounded code (``restore-other-driver``, ``restore-fewer-gpus``, a preflight code)."""
     message: str
 
     def describe(self) -> str:
         return f"restore refused ({self.code}): {self.message}"
+
+
+# --- decoding ---------------------------------------------------------------------------------
+
+if typing.TYPE_CHECKING:
+    AnyEvent: typing.TypeAlias = Event
+    ExternalEvent: typing.TypeAlias = Event
+    OutcomeEvent: typing.TypeAlias = Event
+else:
+    AnyEvent = union_of(REGISTRY.values())
+    """Every event type: the tagged union the codec decodes (``type`` picks the class)."""
+    ExternalEvent = union_of(c for c in REGISTRY.values() if c.external)
+    """What a client may send: the external events."""
+    OutcomeEvent = union_of(c for c in REGISTRY.values() if not c.external)
+    """What only the agent's effects produce."""
+
+DECODER: Final[codec.Decoder[Event]] = codec.Decoder(AnyEvent, what="event", kinds=REGISTRY)
+"""The decoder of one event's JSON (the wire, snapshots, :func:`from_json`)."""
+
+
+def from_dict(data: Mapping[str, object]) -> Event:
+    """Rebuild an event from its JSON mapping; :class:`EventSchemaError` when invalid."""
+    return DECODER.convert(data)
+
+
+def from_json(text: str | bytes) -> Event:
+    """Rebuild an event from :meth:`Event.to_json` output; :class:`EventSchemaError`."""
+    return DECODER.decode(text)

@@ -1,23 +1,32 @@
 """The agent's wire protocol: one JSON object per line in, one JSON object per line out.
 
-Pure functions on bytes and values; the server (:mod:`.server`) does the I/O.
+Pure functions on bytes and values; the server (:mod:`.server`) does the I/O. Requests and
+answers are msgspec types decoded and encoded by :mod:`substrate_gpu.lifecycle.codec`, the
+codec of the event log too; ``docs/schema/agent-protocol.schema.json`` is generated from
+them (:mod:`substrate_gpu.service.schema`).
 
 **Requests** are lifecycle events in their JSON form (:meth:`Event.to_json`) without a
-``seq``: ``{"type": "run_requested", "v": 1, "actor_id": "a1"}``. ``at`` is optional
-(default: when the agent read the line). ``actor_id`` must match :data:`ACTOR_ID`: it
-becomes a container id and a directory name, so a path in it is refused. Only *external*
-events are accepted: outcomes (``gpu_injected``, ``checkpoint_written``, ...) are produced
-by the agent's own effects.
+``seq``: ``{"type": "run_requested", "v": 1, "actor_id": "a1"}``. ``v`` is required (the
+client says which version of the type it speaks). ``at`` is optional (default: when the
+agent read the line) and bounded (``events.AT_MIN`` to ``events.AT_MAX``). ``actor_id``
+must match :data:`ACTOR_ID`: it becomes a container id and a directory name, so a path in
+it is refused. Only *external* events are accepted: outcomes (``gpu_injected``,
+``checkpoint_written``, ...) are produced by the agent's own effects.
 
-**Responses**, one per request line, in the order of the lines on that connection:
+**Answers**, one per request line, in the order of the lines on that connection:
 
-- ``{"ok": true, "seq": N, "actor_id": A, "event": T, "from": S, "state": D}`` (plus
-  ``"reason"`` when the transition carries one, e.g. a suspend refused while a CUDA context
-  is live): the event is in the event log (durable) and applied; its effect, if any, runs
-  after the acknowledgement. ``seq`` is its position in the log.
-- ``{"ok": false, "error": MESSAGE, "kind": K, "line": L}`` (plus ``"actor_id"`` when
-  known): nothing was logged or changed. ``line`` is the 1-based line number on this
-  connection (or stdin). ``kind`` is one of :data:`ERROR_KINDS`.
+- :class:`Ack` ``{"ok": true, "seq": N, "actor_id": A, "event": T, "from": S, "state": D}``
+  (plus ``"reason"`` when the transition carries one, e.g. a suspend refused while a CUDA
+  context is live): the event is in the event log (durable) and applied; its effect, if
+  any, runs after the acknowledgement. ``seq`` is its position in the log.
+- :class:`Refusal` ``{"ok": false, "error": MESSAGE, "kind": K, "line": L}`` (plus
+  ``"actor_id"`` when known, and ``"field"``, the JSON path of the offending value such as
+  ``$.pid``, when one value was at fault): nothing was logged or changed. ``line`` is the
+  1-based line number on this connection (or stdin). ``kind`` is one of
+  :data:`ERROR_KINDS`: ``malformed`` (not JSON, not an object, nested deeper than the
+  decoder goes, not UTF-8), ``too_long`` (over :data:`MAX_LINE_BYTES`), ``schema`` (a
+  well-formed line that is no valid event), ``not_external``, ``invalid_in_state``,
+  ``unknown_actor``.
 
 Why ``seq`` is refused in a request: the agent stamps it, and the machine keeps a non-zero
 ``seq`` as given (replay needs that), so a client-chosen one could reorder the log.
@@ -25,14 +34,14 @@ Why ``seq`` is refused in a request: the agent stamps it, and the machine keeps 
 
 from __future__ import annotations
 
-import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
-from substrate_gpu.lifecycle import errors, events, hooks
+import msgspec
+
+from substrate_gpu.lifecycle import codec, errors, events, hooks
 
 #: The longest request line accepted (bytes, newline excluded); a longer one is an error
 #: and the connection is closed (its remainder cannot be framed reliably).
@@ -42,10 +51,13 @@ MAX_LINE_BYTES: Final = 64 * 1024
 #: ``--checkpoint-root``, so no ``/``, no ``..``, nothing runsc refuses.
 ACTOR_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
+ErrorKind = Literal[
+    "malformed", "schema", "not_external", "invalid_in_state", "unknown_actor", "too_long"
+]
+"""Why a request line was refused."""
+
 #: Every ``kind`` an error response can carry.
-ERROR_KINDS: Final[frozenset[str]] = frozenset(
-    {"malformed", "schema", "not_external", "invalid_in_state", "unknown_actor", "too_long"}
-)
+ERROR_KINDS: Final[frozenset[str]] = frozenset(ErrorKind.__args__)  # type: ignore[attr-defined]
 
 #: The ``substrate_gpu_events_rejected`` reason for each error kind (bounded label values).
 REJECTION_REASONS: Final[Mapping[str, str]] = {
@@ -58,59 +70,128 @@ REJECTION_REASONS: Final[Mapping[str, str]] = {
 }
 
 
+class Ack(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The answer to an accepted request: logged (durable) and applied."""
+
+    ok: Literal[True]
+    seq: int
+    """The event's position in the event log."""
+    actor_id: str
+    event: str
+    """The event's type."""
+    source: str = msgspec.field(name="from")
+    """The actor's state before."""
+    state: str
+    """The actor's state after."""
+    reason: str | msgspec.UnsetType = msgspec.UNSET
+    """Why, when the transition says (a refused suspend, a failure)."""
+
+
+class Refusal(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The answer to a refused request: nothing was logged or changed."""
+
+    ok: Literal[False]
+    error: str
+    """What was wrong, for a person."""
+    kind: ErrorKind
+    line: int
+    """The request's 1-based line number on its connection."""
+    actor_id: str | msgspec.UnsetType = msgspec.UNSET
+    """The actor the line named, when it named one."""
+    field: str | msgspec.UnsetType = msgspec.UNSET
+    """The JSON path of the offending value (``$.pid``), when one value was at fault."""
+
+
 @dataclass(frozen=True)
 class RequestError:
     """A request line that was refused before reaching the agent, or by the machine."""
 
-    kind: str
+    kind: ErrorKind
     """One of :data:`ERROR_KINDS`."""
     message: str
     """What was wrong, for the client."""
     actor_id: str | None = None
     """The actor the line named, when it named one."""
+    field: str | None = None
+    """The JSON path of the offending value, when one value was at fault."""
+
+
+class _Envelope(msgspec.Struct):
+    """The keys of a request line the event types cannot tell apart from their defaults."""
+
+    v: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    seq: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    actor_id: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+_ENVELOPE: Final = msgspec.json.Decoder(_Envelope)
+_REQUEST: Final[codec.Decoder[events.Event]] = codec.Decoder(
+    events.AnyEvent, what="request", kinds=events.REGISTRY
+)
+
+
+def _envelope(line: bytes) -> _Envelope | None:
+    try:
+        return _ENVELOPE.decode(line)
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+
+
+def _actor_named(line: bytes) -> str | None:
+    """The actor id a refused line names, if it names one (only on the error path)."""
+    envelope = _envelope(line)
+    if envelope is None or isinstance(envelope.actor_id, msgspec.UnsetType):
+        return None
+    try:
+        return msgspec.json.decode(envelope.actor_id, type=str)
+    except msgspec.MsgspecError:
+        return None
 
 
 def parse_request(line: bytes) -> events.Event | RequestError:
     """The event a request line carries, or why it cannot be accepted (never raises)."""
+    if len(line) > MAX_LINE_BYTES:
+        return RequestError("too_long", f"request line exceeds {MAX_LINE_BYTES} bytes")
     try:
-        data: object = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as e:
-        return RequestError("malformed", f"request is not valid JSON: {e}")
-    if not isinstance(data, dict):
-        return RequestError(
-            "malformed", f"request must be a JSON object (an event), got {type(data).__name__}"
-        )
-    actor = data.get("actor_id")
-    actor_id = actor if isinstance(actor, str) else None
-    if "seq" in data:
+        event = _REQUEST.decode(line)
+    except codec.DecodeFailure as e:
+        if e.malformed:
+            return RequestError("malformed", str(e))
+        return RequestError("schema", str(e), _actor_named(line), e.field)
+    envelope = _envelope(line)  # the line decoded as an event: it is well-formed
+    assert envelope is not None
+    if isinstance(envelope.v, msgspec.UnsetType):
         return RequestError(
             "schema",
-            "request must not carry 'seq': the agent assigns it when it accepts the event",
-            actor_id,
+            f"request for {event.type!r} lacks 'v': a client says which version of the event "
+            "type it speaks - at `$.v`",
+            event.actor_id,
+            "$.v",
         )
-    at = data.get("at")
-    if isinstance(at, float) and not math.isfinite(at):
-        return RequestError("schema", f"event field 'at' must be a finite number, got {at}")
-    try:
-        event = events.from_dict(data)
-    except errors.EventSchemaError as e:
-        return RequestError("schema", str(e), actor_id)
-    except (ValueError, TypeError, OverflowError) as e:
-        # Numbers JSON allows but a float cannot hold (an "at" of 10**400).
-        return RequestError("schema", f"event has an unusable value: {e}", actor_id)
+    if not isinstance(envelope.seq, msgspec.UnsetType):
+        return RequestError(
+            "schema",
+            "request must not carry 'seq': the agent assigns it when it accepts the event "
+            "- at `$.seq`",
+            event.actor_id,
+            "$.seq",
+        )
     if not event.external:
         return RequestError(
             "not_external",
             f"event type {event.type!r} is an effect outcome produced by the agent itself; "
             "send external events only",
-            actor_id,
+            event.actor_id,
+            "$.type",
         )
     if not ACTOR_ID.fullmatch(event.actor_id):
         return RequestError(
             "schema",
             f"actor_id {event.actor_id!r} is not a valid id: it names the sandbox container "
             "and a checkpoint directory, so it must match "
-            f"{ACTOR_ID.pattern} (letters, digits, '_', '.', '-'; 1-128 characters)",
+            f"{ACTOR_ID.pattern} (letters, digits, '_', '.', '-'; 1-128 characters)"
+            " - at `$.actor_id`",
+            field="$.actor_id",
         )
     return event
 
@@ -125,31 +206,28 @@ def classify_refusal(error: errors.InvalidEvent) -> RequestError:
 
 def ack(seq: int, transition: hooks.Transition) -> bytes:
     """The acknowledgement line of an accepted event."""
-    body: dict[str, object] = {
-        "ok": True,
-        "seq": seq,
-        "actor_id": transition.actor_id,
-        "event": transition.event_type,
-        "from": transition.source,
-        "state": transition.dest,
-    }
-    if transition.reason:
-        body["reason"] = transition.reason
-    return _line(body)
+    return codec.encode_line(
+        Ack(
+            ok=True,
+            seq=seq,
+            actor_id=transition.actor_id,
+            event=transition.event_type,
+            source=transition.source,
+            state=transition.dest,
+            reason=transition.reason or msgspec.UNSET,
+        )
+    )
 
 
 def refusal(error: RequestError, line_number: int) -> bytes:
     """The error line of a refused request."""
-    body: dict[str, object] = {
-        "ok": False,
-        "error": error.message,
-        "kind": error.kind,
-        "line": line_number,
-    }
-    if error.actor_id is not None:
-        body["actor_id"] = error.actor_id
-    return _line(body)
-
-
-def _line(body: Mapping[str, object]) -> bytes:
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    return codec.encode_line(
+        Refusal(
+            ok=False,
+            error=error.message,
+            kind=error.kind,
+            line=line_number,
+            actor_id=msgspec.UNSET if error.actor_id is None else error.actor_id,
+            field=msgspec.UNSET if error.field is None else error.field,
+        )
+    )

@@ -16,7 +16,6 @@ The ``recover`` phase ends by printing ``{"final": {actor: state}}``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -24,6 +23,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -218,7 +218,7 @@ async def _drive(agent: Agent, recorder: SeqNoting, actor_id: str, goals: list[s
                 await anyio.sleep(0.001)
                 continue
             _clock[0] += 1
-            event = dataclasses.replace(event, at=1000.0 + _clock[0] / 1000)
+            event = msgspec.structs.replace(event, at=1000.0 + _clock[0] / 1000)
             try:
                 await agent.submit(event)
             except errors.InvalidEvent:

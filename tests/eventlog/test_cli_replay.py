@@ -93,3 +93,31 @@ def test_a_missing_log_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str
     """Nothing to read is a failure, not an empty timeline."""
     assert _run(str(tmp_path / "nope.jsonl")) == 1
     assert "no event log at" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        pytest.param(
+            '{"type":"cuda_context_opened","v":1,"actor_id":"a","seq":2,"at":1.0,"pid":"7"}',
+            "Expected `int`, got `str` - at `$.pid`",
+            id="wrong-type",
+        ),
+        pytest.param(
+            '{"type":"run_requested","v":1,"actor_id":"a","seq":2,"at":-1e300}',
+            "Expected `float` >= 0.0 - at `$.at`",
+            id="at-out-of-range",
+        ),
+        pytest.param("[" * 2000, "must be a JSON object", id="deep-nesting"),
+    ],
+)
+def test_a_bad_field_is_named_by_its_path_in_the_replay_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: str, says: str
+) -> None:
+    """replay exits 1 with one line naming the file, the line and the field: no traceback."""
+    log = tmp_path / "events.jsonl"
+    logs.write_lines(log, logs.header(), logs.registered("a", 1), bad)
+    assert _run(str(log)) == 1
+    err = capsys.readouterr().err
+    assert f"{log}:3" in err and says in err
+    assert "Traceback" not in err and err.count("\n") == 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import msgspec
 
 from substrate_gpu.lifecycle import Agent, events
 
@@ -27,10 +27,10 @@ def make_event(event_type: str, actor_id: str = "a", **overrides: object) -> eve
     """An event of ``event_type`` for ``actor_id``, required fields from :data:`DEFAULTS`."""
     cls = events.REGISTRY[event_type]
     kwargs: dict[str, object] = {}
-    for f in dataclasses.fields(cls):
+    for f in msgspec.structs.fields(cls):
         if f.name in overrides:
             kwargs[f.name] = overrides[f.name]
-        elif f.name in DEFAULTS and f.default is dataclasses.MISSING:
+        elif f.name in DEFAULTS and f.required:
             kwargs[f.name] = DEFAULTS[f.name]
     return cls(actor_id=actor_id, **kwargs)
 

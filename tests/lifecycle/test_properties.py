@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
@@ -190,10 +189,12 @@ def test_the_interpreter_agrees_with_the_transitions_reference(
         assert _outcome(live, event) == expected
         if expected[0] == "refused":
             assert checked == expected
-            records.append(format.Rejection(event, str(expected[1]), str(expected[2])))
+            records.append(
+                format.Rejection(event=event, state=str(expected[1]), problem=str(expected[2]))
+            )
         else:
             assert checked == ("accepted",)
-            records.append(dataclasses.replace(event, seq=int(str(expected[-1]))))
+            records.append(event.stamped(int(str(expected[-1]))))
             hypothesis.event(f"reached {expected[1]}")
         for a in ACTORS[:2]:
             ours, theirs = live.get(a), reference.get(a)

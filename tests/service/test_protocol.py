@@ -72,13 +72,26 @@ VALID = {"type": "actor_registered", "v": 1, "actor_id": "a1", "gpu": True, "bun
             "schema",
             id="actor-id-too-long",
         ),
+        # NaN and Infinity are not JSON: the strict decoder refuses the line itself.
         pytest.param(
-            b'{"type": "run_requested", "v": 1, "actor_id": "a1", "at": NaN}', "schema", id="at-nan"
+            b'{"type": "run_requested", "v": 1, "actor_id": "a1", "at": NaN}',
+            "malformed",
+            id="at-nan",
         ),
         pytest.param(
             b'{"type": "run_requested", "v": 1, "actor_id": "a1", "at": Infinity}',
-            "schema",
+            "malformed",
             id="at-infinite",
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "a1", "at": -1e300}',
+            "schema",
+            id="at-negative",
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "a1", "at": 1e300}',
+            "schema",
+            id="at-absurdly-far",
         ),
         pytest.param(
             b'{"type": "run_requested", "v": 1, "actor_id": "a1", "at": 1' + b"0" * 400 + b"}",
@@ -87,8 +100,36 @@ VALID = {"type": "actor_registered", "v": 1, "actor_id": "a1", "gpu": True, "bun
         ),
         pytest.param(
             b'{"type": "run_requested", "v": 1, "actor_id": "a1", "at": 1' + b"0" * 5000 + b"}",
-            "malformed",
-            id="int-too-long-for-json",
+            "schema",
+            id="int-too-long-for-a-float",
+        ),
+        pytest.param(b"[" * 2000, "malformed", id="nested-arrays-4kb"),
+        # Deep nesting under a key is never parsed: the decoder stops at the unknown key (or at
+        # the first value of the wrong type), and the envelope's look for the actor id is
+        # bounded by msgspec's recursion limit.
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "a1", "x": '
+            + b"[" * 2000
+            + b"]" * 2000
+            + b"}",
+            "schema",
+            id="nested-arrays-under-an-unknown-key",
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": '
+            + b'{"a":' * 5000
+            + b"1"
+            + b"}" * 5000
+            + b"}",
+            "schema",
+            id="nested-objects-where-a-string-goes",
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "'
+            + b"a" * (protocol.MAX_LINE_BYTES)
+            + b'"}',
+            "too_long",
+            id="oversized",
         ),
     ],
 )
@@ -98,6 +139,76 @@ def test_bad_requests_are_classified_never_raised(line: bytes, kind: str) -> Non
     assert isinstance(parsed, protocol.RequestError)
     assert parsed.kind == kind
     assert parsed.message
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "says"),
+    [
+        pytest.param(
+            b'{"type": "cuda_context_opened", "v": 1, "actor_id": "a1", "pid": "7"}',
+            "$.pid",
+            "Expected `int`, got `str` - at `$.pid`",
+            id="wrong-type",
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "a1", "at": -1e300}',
+            "$.at",
+            "Expected `float` >= 0.0 - at `$.at`",
+            id="at-before-the-epoch",
+        ),
+        pytest.param(
+            b'{"type": "actor_registered", "v": 1, "actor_id": "a1", "gpu": true}',
+            "$.bundle",
+            "missing required field `bundle`",
+            id="missing",
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "a1", "extra": 1}',
+            "$.extra",
+            "unknown field `extra`",
+            id="unknown",
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 2, "actor_id": "a1"}',
+            "$.v",
+            "'run_requested' has schema version 2; this agent reads version 1",
+            id="version",
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "actor_id": "a1"}', "$.v", "lacks 'v'", id="no-version"
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "a1", "seq": 0}',
+            "$.seq",
+            "must not carry 'seq'",
+            id="seq-even-zero",
+        ),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "a/b"}',
+            "$.actor_id",
+            "not a valid id",
+            id="actor-id",
+        ),
+    ],
+)
+def test_a_schema_error_names_the_field_and_what_was_expected(
+    line: bytes, field: str, says: str
+) -> None:
+    """The refusal carries msgspec's path of the bad value, in the message and as `field`."""
+    parsed = protocol.parse_request(line)
+    assert isinstance(parsed, protocol.RequestError)
+    assert (parsed.kind, parsed.field) == ("schema", field)
+    assert says in parsed.message
+    body = json.loads(protocol.refusal(parsed, 4))
+    assert body["field"] == field and says in body["error"] and body["kind"] == "schema"
+
+
+def test_a_malformed_request_says_why_without_a_traceback() -> None:
+    """2,000 nested brackets (a 4 KB line) are refused as malformed, with a one-line reason."""
+    parsed = protocol.parse_request(b"[" * 2000)
+    assert isinstance(parsed, protocol.RequestError)
+    assert parsed.kind == "malformed"
+    assert "Traceback" not in parsed.message and "\n" not in parsed.message
 
 
 def test_a_valid_request_is_the_event() -> None:
