@@ -5,7 +5,8 @@ Order of work, chosen so that a failure anywhere leaves ``config.json`` untouche
 1. read and parse ``config.json``;
 2. resolve every device node on the host (a missing node fails here, before any write);
 3. plan the edits (pure, :mod:`substrate_gpu.injection.oci`);
-4. if the bundle already holds those device nodes, stop: injection is idempotent;
+4. if the bundle already holds those device nodes, stop: injection is idempotent; if it
+   holds GPU nodes the plan does not grant (an earlier injection of other GPUs), refuse;
 5. stage the SONAME links in the actor rootfs (confined to it; idempotent on retry);
 6. write ``config.json`` atomically (temp file, fsync, rename), keeping its mode.
 
@@ -163,8 +164,10 @@ def inject_gpu(
     """Inject the GPU edits into ``bundle``; see the module docstring for the guarantees.
 
     ``edits`` are the spec-level edits merged with device ``all``
-    (:func:`substrate_gpu.cdi.edits_for_all`). Raises a subclass of
-    :class:`~substrate_gpu.exceptions.InjectionError`; config.json is then untouched.
+    (:func:`substrate_gpu.cdi.edits_for_all`) or with named devices
+    (:func:`substrate_gpu.cdi.edits_for_devices`): only their device nodes get cgroup
+    rules. Raises a subclass of :class:`~substrate_gpu.exceptions.InjectionError`;
+    config.json is then untouched.
     ``plan_cache`` (one per worker) lets later actors reuse the plan.
     """
     started = time.perf_counter()
@@ -198,6 +201,14 @@ def inject_gpu(
             hooks_kept=kept,
             hooks_skipped=skipped,
             seconds=time.perf_counter() - started,
+        )
+    foreign = oci.foreign_gpu_nodes(config, plan)
+    if foreign:
+        raise exceptions.InjectionError(
+            f"while injecting GPUs into bundle {bundle}: config.json already holds"
+            f" {', '.join(foreign)}, which this injection does not grant"
+            f" ({', '.join(d.path for d in resolved)}); the bundle was injected before with"
+            " other GPUs — re-create it from the image"
         )
     for decision in plan.skipped_hooks:
         bound.info("cdi_hook_skipped", hook=decision.name, reason=decision.reason)

@@ -7,11 +7,18 @@ mutated). Reading and writing the bundle lives in :mod:`substrate_gpu.injection.
 
 Each rule and its reason (see docs/gpu-injection.md):
 
-- Devices go to ``linux.devices`` **and** get a matching cgroup allow rule in
-  ``linux.resources.devices``; without the rule the actor sees the node and gets EPERM.
-- Mounts are copied as given (type defaults to ``bind``), then all mounts are stably
-  ordered by destination depth, as the CDI reference does, so a parent directory is
-  mounted before anything below it.
+- Devices go to ``linux.devices`` (replacing an entry at the same path) **and** block and
+  char devices get a matching cgroup allow rule in ``linux.resources.devices``; without the
+  rule the actor sees the node and gets EPERM. A FIFO (``p``) gets no rule (the reference
+  adds rules for ``b``/``c`` only). A node without uid/gid takes the process's, when
+  non-zero (so a non-root actor owns its GPU node, as with the reference).
+- A bundle that already holds a GPU node (``/dev/nvidiaN``) the plan does not grant is
+  refused: injecting GPU 1 next to an earlier injection's GPU 2 would hand out two GPUs.
+- Mounts are copied as given (type defaults to ``bind``); a spec mount replaces a mount the
+  config already has at the same destination; then all mounts are stably ordered by
+  destination depth and then destination, as the CDI reference does, so a parent directory
+  is mounted before anything below it.
+- ``additionalGids`` skip GID 0 (the reference does: never add the root group to an actor).
 - Every ``NVIDIA_VISIBLE_DEVICES=`` entry is dropped, the image's and the spec's alike:
   with it set, runsc runs nvidia-container-cli itself and injects a second time.
 - The driver library directory is prepended to ``LD_LIBRARY_PATH`` exactly once, keeping
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import posixpath
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -69,7 +77,7 @@ class InjectionPlan:
     skipped_hooks: tuple[hooks_.HookDecision, ...]
     """Hooks left out, with the reason (each is logged by name)."""
     additional_gids: tuple[int, ...]
-    """Supplementary groups for the actor's process."""
+    """Supplementary groups for the actor's process (never 0)."""
     libraries: tuple[tuple[Path, str], ...] = ()
     """(host file, container path) of mounted files whose name contains ``.so.``: the
     libraries whose SONAME links are staged."""
@@ -132,7 +140,7 @@ def plan_injection(
         driver_library_dir=driver_library_dir(edits, driver_root),
         hooks=tuple(kept),
         skipped_hooks=tuple(skipped),
-        additional_gids=edits.additional_gids,
+        additional_gids=tuple(g for g in edits.additional_gids if g != 0),
     )
 
 
@@ -205,7 +213,14 @@ def merge_env(image_env: Iterable[str], plan: InjectionPlan) -> list[str]:
     return env
 
 
-def _device_entry(device: ResolvedDevice) -> dict[str, object]:
+#: Device types that get a cgroup rule (the reference: block and char only).
+CGROUP_TYPES = frozenset({"b", "c"})
+
+#: A GPU device node (any index).
+_GPU_NODE = re.compile(r"/dev/nvidia[0-9]+")
+
+
+def _device_entry(device: ResolvedDevice, uid: int, gid: int) -> dict[str, object]:
     entry: dict[str, object] = {
         "path": device.path,
         "type": device.type,
@@ -214,10 +229,13 @@ def _device_entry(device: ResolvedDevice) -> dict[str, object]:
     }
     if device.file_mode is not None:
         entry["fileMode"] = device.file_mode
-    if device.uid is not None:
-        entry["uid"] = device.uid
-    if device.gid is not None:
-        entry["gid"] = device.gid
+    # As the reference: unset owner → the process's, when it is not root (0 is the default).
+    owner = device.uid if device.uid is not None else (uid or None)
+    group = device.gid if device.gid is not None else (gid or None)
+    if owner is not None:
+        entry["uid"] = owner
+    if group is not None:
+        entry["gid"] = group
     return entry
 
 
@@ -229,6 +247,14 @@ def _cgroup_rule(device: ResolvedDevice) -> dict[str, object]:
         "minor": device.minor,
         "access": device.permissions,
     }
+
+
+def foreign_gpu_nodes(config: OciConfig, plan: InjectionPlan) -> list[str]:
+    """GPU nodes the bundle already holds that ``plan`` does not grant, sorted."""
+    granted = {d.path for d in plan.devices}
+    return sorted(
+        p for p in _existing_device_paths(config) if _GPU_NODE.fullmatch(p) and p not in granted
+    )
 
 
 def _mount_entry(mount: model.Mount) -> dict[str, object]:
@@ -249,9 +275,22 @@ def _hook_entry(hook: model.Hook) -> dict[str, object]:
     return entry
 
 
-def _depth(mount: object) -> int:
+def _mount_order(mount: object) -> tuple[int, str]:
+    # The reference's orderedMounts: separators in the cleaned destination, then the name.
     destination = mount.get("destination") if isinstance(mount, dict) else None
-    return len([p for p in str(destination or "").split("/") if p])
+    cleaned = posixpath.normpath(str(destination or ""))
+    return cleaned.count("/"), str(destination or "")
+
+
+def _process_ids(process: dict[str, object]) -> tuple[int, int]:
+    user = process.get("user")
+    if not isinstance(user, dict):
+        return 0, 0
+    uid, gid = user.get("uid"), user.get("gid")
+    return (
+        uid if isinstance(uid, int) and not isinstance(uid, bool) else 0,
+        gid if isinstance(gid, int) and not isinstance(gid, bool) else 0,
+    )
 
 
 def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False) -> OciConfig:
@@ -260,29 +299,48 @@ def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False
     ``in_place=True`` edits ``config`` itself instead of a deep copy: for a caller that owns
     a freshly parsed config (the bundle writer), the copy is pure overhead on the hot path.
 
-    Entries already present (same device path, identical rule, mount destination, hook)
-    are not added twice. Raises :class:`~substrate_gpu.exceptions.InjectionError` when the
-    config has the wrong shape where we must write.
+    Entries already present (same device path or mount destination: replaced; identical
+    rule or hook: kept once) are not added twice. Raises
+    :class:`~substrate_gpu.exceptions.InjectionError` when the config has the wrong shape
+    where we must write, or holds GPU nodes the plan does not grant.
     """
+    foreign = foreign_gpu_nodes(config, plan)
+    if foreign:
+        raise exceptions.InjectionError(
+            f"while injecting GPUs: config.json already holds {', '.join(foreign)}, which this"
+            f" injection does not grant ({', '.join(d.path for d in plan.devices)}); the bundle"
+            " was injected before with other GPUs — re-create it from the image"
+        )
     result = config if in_place else copy.deepcopy(config)
+    process = _child(result, "process", "")
+    uid, gid = _process_ids(process)
     linux = _child(result, "linux", "")
     devices = _list(linux, "devices", ".linux")
-    present = {d.get("path") for d in devices if isinstance(d, dict)}
-    devices.extend(_device_entry(d) for d in plan.devices if d.path not in present)
+    replaced = {d.path for d in plan.devices}
+    devices[:] = [d for d in devices if not (isinstance(d, dict) and d.get("path") in replaced)]
+    devices.extend(_device_entry(d, uid, gid) for d in plan.devices)
 
     rules = _list(_child(linux, "resources", ".linux"), "devices", ".linux.resources")
     for device in plan.devices:
+        if device.type not in CGROUP_TYPES:
+            continue
         rule = _cgroup_rule(device)
         if rule not in rules:
             rules.append(rule)
 
     if plan.mounts:
         mounts = _list(result, "mounts", "")
-        taken = {m.get("destination") for m in mounts if isinstance(m, dict)}
-        mounts.extend(_mount_entry(m) for m in plan.mounts if m.container_path not in taken)
-        mounts.sort(key=_depth)  # stable: equal depths keep their order
+        ours = {posixpath.normpath(m.container_path) for m in plan.mounts}
+        mounts[:] = [
+            m
+            for m in mounts
+            if not (
+                isinstance(m, dict) and posixpath.normpath(str(m.get("destination") or "")) in ours
+            )
+        ]
+        mounts.extend(_mount_entry(m) for m in plan.mounts)
+        mounts.sort(key=_mount_order)  # stable
 
-    process = _child(result, "process", "")
     image_env = [str(e) for e in _list(process, "env", ".process")]
     process["env"] = merge_env(image_env, plan)
 
