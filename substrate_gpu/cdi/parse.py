@@ -385,8 +385,12 @@ class _Reader:
             if added in raw and self.version < _V110:
                 self.fail(f"{path}.{added}", "requires CDI spec version at least 1.1.0")
         clos_id = self.optional_string(raw.get("closID"), f"{path}.closID")
+        # A file name, except "/": the root CLOS (the reference accepts it since runtime-spec 1.3).
         if clos_id is not None and (
-            len(clos_id) >= 4096 or clos_id in (".", "..") or "/" in clos_id or "\n" in clos_id
+            len(clos_id) >= 4096
+            or clos_id in (".", "..")
+            or ("/" in clos_id and clos_id != "/")
+            or "\n" in clos_id
         ):
             self.fail(f"{path}.closID", f"{clos_id!r} is not a valid file name")
         schemata_raw = raw.get("schemata")
@@ -410,6 +414,26 @@ class _Reader:
             if not text:
                 self.fail(f"{path}.{field}", "must not be empty")
         return model.NetDevice(host_interface_name=host_name, name=name)
+
+    def net_devices(
+        self, items: list[tuple[str, object]], path: str
+    ) -> tuple[model.NetDevice, ...]:
+        # The reference's ValidateNetDevices: host interfaces and names are unique per edits.
+        devices = tuple(self.net_device(item, at) for at, item in items)
+        hosts: dict[str, int] = {}
+        names: dict[str, int] = {}
+        for index, device in enumerate(devices):
+            for seen, key, field in (
+                (hosts, device.host_interface_name, "hostInterfaceName"),
+                (names, device.name, "name"),
+            ):
+                if key in seen:
+                    self.fail(
+                        f"{path}[{index}].{field}",
+                        f"duplicate {field} {key!r} (also {path}[{seen[key]}])",
+                    )
+                seen[key] = index
+        return devices
 
     def edits(self, value: object, path: str) -> model.ContainerEdits:
         if value is None:
@@ -441,7 +465,7 @@ class _Reader:
             hooks=tuple(self.hook(item, at) for at, item in each("hooks")),
             additional_gids=tuple(gid for gid in gids if gid is not None),
             intel_rdt=None if rdt is None else self.intel_rdt(rdt, f"{path}.intelRdt"),
-            net_devices=tuple(self.net_device(item, at) for at, item in each("netDevices")),
+            net_devices=self.net_devices(each("netDevices"), f"{path}.netDevices"),
         )
 
     def device(self, value: object, path: str) -> model.Device:

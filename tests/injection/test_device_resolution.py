@@ -40,7 +40,12 @@ def test_complete_node_needs_no_host_node(tmp_path):
     """Type and a non-zero major given: the node is taken as written, never stat-ed."""
     node = model.DeviceNode("/dev/nvidia7", type="c", major=195, minor=7)
     resolved = devices.resolve_device(node, dev_root=tmp_path)
-    assert (resolved.type, resolved.major, resolved.minor, resolved.file_mode) == ("c", 195, 7, None)
+    assert (resolved.type, resolved.major, resolved.minor, resolved.file_mode) == (
+        "c",
+        195,
+        7,
+        None,
+    )
 
 
 def test_major_without_type_needs_the_host_node(tmp_path):
@@ -65,7 +70,9 @@ def test_major_without_type_needs_the_host_node(tmp_path):
         ),
         # A complete node is not stat-ed: no mode unless the spec gives one.
         pytest.param(
-            model.DeviceNode("/dev/nvidia0", type="c", major=195), ("c", 195, 0, None), id="complete"
+            model.DeviceNode("/dev/nvidia0", type="c", major=195),
+            ("c", 195, 0, None),
+            id="complete",
         ),
     ],
 )
