@@ -17,12 +17,12 @@ The pod's pause/root container is never injected (it holds no GPU; runsc still n
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+import msgspec
 import structlog
 
 from substrate_gpu import _atomic, exceptions
@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from substrate_gpu.rootfs.sonames import SonameCache
 
 log = structlog.get_logger(__name__)
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder()
 
 
 @dataclass(frozen=True)
@@ -122,8 +125,8 @@ def read_config(bundle: Path) -> oci.OciConfig:
             f"while injecting GPUs into bundle {bundle}: cannot read {path}: {e.strerror or e}"
         ) from e
     try:
-        config = json.loads(raw)
-    except ValueError as e:
+        config = _DECODER.decode(raw)
+    except msgspec.DecodeError as e:
         raise exceptions.InjectionError(
             f"while injecting GPUs into bundle {bundle}: {path} is not valid JSON: {e}"
         ) from e
@@ -148,9 +151,10 @@ def rootfs_of(bundle: Path, config: oci.OciConfig) -> Path:
 def encode_config(config: oci.OciConfig) -> bytes:
     """config.json bytes as we write them: compact, like containerd and runc write them.
 
-    (``indent=`` would switch json to its pure-Python encoder: 5× slower on this hot path.)
+    msgspec, not ``json``: on the warm path the encode and the decode were a third of the
+    time above the unavoidable floor (~15× and ~2× faster here; same JSON values).
     """
-    return json.dumps(config, separators=(",", ":")).encode()
+    return _ENCODER.encode(config)
 
 
 def inject_gpu(

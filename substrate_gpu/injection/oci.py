@@ -81,6 +81,8 @@ class InjectionPlan:
     libraries: tuple[tuple[Path, str], ...] = ()
     """(host file, container path) of mounted files whose name contains ``.so.``: the
     libraries whose SONAME links are staged."""
+    mount_destinations: frozenset[str] = frozenset()
+    """The cleaned destinations of :attr:`mounts` (a config mount there is replaced)."""
 
 
 def env_key(entry: str) -> str:
@@ -136,6 +138,7 @@ def plan_injection(
         ),
         devices=devices,
         mounts=tuple(mounts),
+        mount_destinations=frozenset(_clean(m.container_path) for m in mounts),
         env=tuple(e for e in edits.env if env_key(e) != _VISIBLE_DEVICES),
         driver_library_dir=driver_library_dir(edits, driver_root),
         hooks=tuple(kept),
@@ -275,11 +278,18 @@ def _hook_entry(hook: model.Hook) -> dict[str, object]:
     return entry
 
 
+def _clean(path: str) -> str:
+    """``posixpath.normpath``, skipped for the usual already-clean absolute path (hot path)."""
+    if path.startswith("/") and "//" not in path and "/." not in path and not path.endswith("/"):
+        return path
+    return posixpath.normpath(path) if path else path
+
+
 def _mount_order(mount: object) -> tuple[int, str]:
     # The reference's orderedMounts: separators in the cleaned destination, then the name.
     destination = mount.get("destination") if isinstance(mount, dict) else None
-    cleaned = posixpath.normpath(str(destination or ""))
-    return cleaned.count("/"), str(destination or "")
+    text = str(destination or "")
+    return _clean(text).count("/"), text
 
 
 def _process_ids(process: dict[str, object]) -> tuple[int, int]:
@@ -330,13 +340,11 @@ def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False
 
     if plan.mounts:
         mounts = _list(result, "mounts", "")
-        ours = {posixpath.normpath(m.container_path) for m in plan.mounts}
+        ours = plan.mount_destinations
         mounts[:] = [
             m
             for m in mounts
-            if not (
-                isinstance(m, dict) and posixpath.normpath(str(m.get("destination") or "")) in ours
-            )
+            if not (isinstance(m, dict) and _clean(str(m.get("destination") or "")) in ours)
         ]
         mounts.extend(_mount_entry(m) for m in plan.mounts)
         mounts.sort(key=_mount_order)  # stable

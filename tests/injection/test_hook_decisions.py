@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from substrate_gpu.cdi import model
@@ -72,10 +73,12 @@ def test_each_toolkit_hook_has_a_decision_and_a_reason(args, verdict, reason):
     assert reason in decision.reason
 
 
-def test_skip_log_lines_carry_the_reason(node_edits, gpu_node, tmp_path):
+def test_skip_log_lines_carry_the_reason(node_edits, gpu_node, tmp_path, monkeypatch):
     """Injecting the 1.20 spec logs one cdi_hook_skipped line per skipped hook, with its reason."""
     bundle = bundles.make_bundle(tmp_path / "bundle", ["true"])
     with capture_logs() as logs:
+        # A fresh logger: the module's may be cached by an earlier test's configuration.
+        monkeypatch.setattr(bundle_, "log", structlog.get_logger(bundle_.__name__))
         bundle_.inject_gpu(
             bundle,
             node_edits,
