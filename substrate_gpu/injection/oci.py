@@ -83,6 +83,8 @@ class InjectionPlan:
     libraries whose SONAME links are staged."""
     mount_destinations: frozenset[str] = frozenset()
     """The cleaned destinations of :attr:`mounts` (a config mount there is replaced)."""
+    ordered_mounts: tuple[tuple[tuple[int, str], model.Mount], ...] = ()
+    """:attr:`mounts` stably sorted by the reference's mount order, with their sort keys."""
 
 
 def env_key(entry: str) -> str:
@@ -139,6 +141,9 @@ def plan_injection(
         devices=devices,
         mounts=tuple(mounts),
         mount_destinations=frozenset(_clean(m.container_path) for m in mounts),
+        ordered_mounts=tuple(
+            sorted(((_order_key(m.container_path), m) for m in mounts), key=lambda p: p[0])
+        ),
         env=tuple(e for e in edits.env if env_key(e) != _VISIBLE_DEVICES),
         driver_library_dir=driver_library_dir(edits, driver_root),
         hooks=tuple(kept),
@@ -285,11 +290,14 @@ def _clean(path: str) -> str:
     return posixpath.normpath(path) if path else path
 
 
-def _mount_order(mount: object) -> tuple[int, str]:
+def _order_key(destination: str) -> tuple[int, str]:
     # The reference's orderedMounts: separators in the cleaned destination, then the name.
+    return _clean(destination).count("/"), destination
+
+
+def _mount_order(mount: object) -> tuple[int, str]:
     destination = mount.get("destination") if isinstance(mount, dict) else None
-    text = str(destination or "")
-    return _clean(text).count("/"), text
+    return _order_key(str(destination or ""))
 
 
 def _process_ids(process: dict[str, object]) -> tuple[int, int]:
@@ -346,8 +354,19 @@ def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False
             for m in mounts
             if not (isinstance(m, dict) and _clean(str(m.get("destination") or "")) in ours)
         ]
-        mounts.extend(_mount_entry(m) for m in plan.mounts)
-        mounts.sort(key=_mount_order)  # stable
+        # Equal to a stable sort of (kept config mounts + plan mounts) by _mount_order: the
+        # plan's mounts are pre-sorted (stably) once per plan, so only the config's few are
+        # sorted here and the two runs merged, the config's first on a tie.
+        kept = sorted(((_mount_order(m), m) for m in mounts), key=lambda pair: pair[0])
+        merged: list[object] = []
+        position = 0
+        for key, mount in plan.ordered_mounts:
+            while position < len(kept) and kept[position][0] <= key:
+                merged.append(kept[position][1])
+                position += 1
+            merged.append(_mount_entry(mount))
+        merged.extend(m for _, m in kept[position:])
+        mounts[:] = merged
 
     image_env = [str(e) for e in _list(process, "env", ".process")]
     process["env"] = merge_env(image_env, plan)

@@ -11,9 +11,12 @@ and netDevices are parsed, not applied) are tested elsewhere.
 from __future__ import annotations
 
 import os
+import posixpath
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from substrate_gpu import exceptions
 from substrate_gpu.cdi import model
@@ -264,3 +267,33 @@ def test_bundle_holding_another_gpu_is_refused(host):
         match=r"already holds /dev/nvidia3, which this injection does not grant",
     ):
         apply(host, edits, config)
+
+
+_SEGMENTS = st.sampled_from(["a", "b", "dev", "shm", "lib", "x.so.1", ".", ""])
+_DESTINATIONS = st.lists(_SEGMENTS, min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts))
+
+
+@given(
+    existing=st.lists(_DESTINATIONS, max_size=8),
+    added=st.lists(_DESTINATIONS, min_size=1, max_size=8, unique=True),
+)
+@settings(max_examples=200, deadline=None)
+def test_mount_merge_equals_the_reference_stable_sort(existing, added):
+    """Whatever the destinations, the result is the stable depth-then-name sort of all mounts."""
+    config = {
+        "mounts": [{"destination": d, "source": f"config{i}"} for i, d in enumerate(existing)]
+    }
+    edits = model.ContainerEdits(mounts=tuple(mount(d, f"/plan{i}") for i, d in enumerate(added)))
+    plan = oci.plan_injection(edits, (), driver_root="/usr", hook_binary="/h")
+    result = oci.apply_plan(config, plan)
+
+    def key(destination: str) -> tuple[int, str]:
+        return posixpath.normpath(destination).count("/"), destination
+
+    replaced = {posixpath.normpath(m.container_path) for m in plan.mounts}
+    kept = [
+        (d, f"config{i}") for i, d in enumerate(existing) if posixpath.normpath(d) not in replaced
+    ]
+    planned = [(m.container_path, m.host_path) for m in plan.mounts]
+    expected = sorted(kept + planned, key=lambda pair: key(pair[0]))
+    assert [(m["destination"], m["source"]) for m in result["mounts"]] == expected
