@@ -56,7 +56,7 @@ def edits_mig_reason(edits: model.ContainerEdits) -> str | None:
     """Why merged ``edits`` would give a container MIG access, or ``None``."""
     for node in edits.device_nodes:
         if node.path.startswith(_MIG_CAPS_DIR):
-            return f"they hold the MIG capability node {node.path}"
+            return f"the edits hold the MIG capability node {node.path}"
     return None
 
 

@@ -163,9 +163,9 @@ def edits_for_devices(spec_set: SpecSet, requested: Sequence[str]) -> model.Cont
     reason = gpus.edits_mig_reason(merged)
     if reason is not None:
         raise exceptions.MigDeviceRefused(
-            f"while resolving CDI devices {', '.join(map(str, wanted))}: refused because the"
-            f" edits {reason.removeprefix('they ')}; nvproxy (gVisor's GPU proxy) has no MIG"
-            " support — disable MIG on this node's GPUs or request full GPUs by name"
+            f"while resolving CDI devices {', '.join(map(str, wanted))}: refused because"
+            f" {reason}; nvproxy (gVisor's GPU proxy) has no MIG support — disable MIG on this"
+            " node's GPUs or request full GPUs by name"
         )
     if not merged.device_nodes:
         raise exceptions.DeviceRequestError(
