@@ -36,6 +36,18 @@ class DeviceResolutionError(InjectionError):
     """A device node named by the CDI spec cannot be resolved on the host."""
 
 
+class DeviceRequestError(InjectionError):
+    """A request for CDI devices cannot be met: a malformed, unknown or conflicting name.
+
+    Raised before anything is written; the message names every offending device and what
+    the spec set offers instead.
+    """
+
+
+class MigDeviceRefused(DeviceRequestError):
+    """A MIG device (or a MIG capability node) was requested: nvproxy has no MIG support."""
+
+
 class RootfsEscapeError(InjectionError):
     """A write into the actor rootfs would have landed outside it (hostile symlinks)."""
 

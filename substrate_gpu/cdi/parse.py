@@ -51,14 +51,14 @@ try:
 except ImportError:  # pragma: no cover - PyYAML built without libyaml
     from yaml import SafeLoader as _SafeLoader  # type: ignore[assignment]
 
-__all__ = ["edits_for_all", "load_spec", "parse_spec"]
+__all__ = ["load_spec", "parse_spec"]
 
 _INT64_MAX: Final = 2**63 - 1
 _UINT32_MAX: Final = 2**32 - 1
 
 # Name rules of the reference library (api/producer/identifiers.go), ASCII only.
-_VENDOR_OR_CLASS: Final = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
-_DEVICE_NAME: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+VENDOR_OR_CLASS: Final = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
+DEVICE_NAME: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
 
 #: OCI hook points a CDI hook may name (``validHookNames`` upstream).
 HOOK_NAMES: Final = frozenset(
@@ -372,8 +372,12 @@ class _Reader:
             if added in raw and self.version < _V110:
                 self.fail(f"{path}.{added}", "requires CDI spec version at least 1.1.0")
         clos_id = self.optional_string(raw.get("closID"), f"{path}.closID")
+        # A file name, except "/": the root CLOS (the reference accepts it since runtime-spec 1.3).
         if clos_id is not None and (
-            len(clos_id) >= 4096 or clos_id in (".", "..") or "/" in clos_id or "\n" in clos_id
+            len(clos_id) >= 4096
+            or clos_id in (".", "..")
+            or ("/" in clos_id and clos_id != "/")
+            or "\n" in clos_id
         ):
             self.fail(f"{path}.closID", f"{clos_id!r} is not a valid file name")
         schemata_raw = raw.get("schemata")
@@ -397,6 +401,26 @@ class _Reader:
             if not text:
                 self.fail(f"{path}.{field}", "must not be empty")
         return model.NetDevice(host_interface_name=host_name, name=name)
+
+    def net_devices(
+        self, items: list[tuple[str, object]], path: str
+    ) -> tuple[model.NetDevice, ...]:
+        # The reference's ValidateNetDevices: host interfaces and names are unique per edits.
+        devices = tuple(self.net_device(item, at) for at, item in items)
+        hosts: dict[str, int] = {}
+        names: dict[str, int] = {}
+        for index, device in enumerate(devices):
+            for seen, key, field in (
+                (hosts, device.host_interface_name, "hostInterfaceName"),
+                (names, device.name, "name"),
+            ):
+                if key in seen:
+                    self.fail(
+                        f"{path}[{index}].{field}",
+                        f"duplicate {field} {key!r} (also {path}[{seen[key]}])",
+                    )
+                seen[key] = index
+        return devices
 
     def edits(self, value: object, path: str) -> model.ContainerEdits:
         if value is None:
@@ -428,13 +452,13 @@ class _Reader:
             hooks=tuple(self.hook(item, at) for at, item in each("hooks")),
             additional_gids=tuple(gid for gid in gids if gid is not None),
             intel_rdt=None if rdt is None else self.intel_rdt(rdt, f"{path}.intelRdt"),
-            net_devices=tuple(self.net_device(item, at) for at, item in each("netDevices")),
+            net_devices=self.net_devices(each("netDevices"), f"{path}.netDevices"),
         )
 
     def device(self, value: object, path: str) -> model.Device:
         raw = self.mapping(value, path, _DEVICE_FIELDS)
         name = self.string(raw.get("name"), f"{path}.name")
-        if not _DEVICE_NAME.fullmatch(name):
+        if not DEVICE_NAME.fullmatch(name):
             self.fail(
                 f"{path}.name",
                 f"{name!r} is not a device name (letters, digits, '_', '-', '.', ':';"
@@ -456,7 +480,7 @@ def _check_kind(reader: _Reader, kind: str) -> None:
     if not slash or not vendor or not class_:
         reader.fail("kind", f"{kind!r} is not of the form vendor/class (e.g. nvidia.com/gpu)")
     for part, what in ((vendor, "vendor"), (class_, "class")):
-        if not _VENDOR_OR_CLASS.fullmatch(part):
+        if not VENDOR_OR_CLASS.fullmatch(part):
             reader.fail(
                 "kind",
                 f"invalid {what} {part!r} in {kind!r} (letters, digits, '_', '-', '.';"
@@ -568,30 +592,3 @@ def load_spec(path: str | os.PathLike[str], *, strict: bool = False) -> model.Sp
             source, "", f"cannot read the spec file: {e.strerror or e}"
         ) from e
     return parse_spec(data, source=source, strict=strict)
-
-
-def edits_for_all(spec: model.Spec) -> model.ContainerEdits:
-    """The edits that give a container every GPU: spec-level edits plus device ``all`` only.
-
-    nvidia-ctk also writes per-index (``0``), per-UUID (``GPU-…``) and MIG devices repeating
-    the same nodes; merging them would duplicate devices. Neither ``spec`` nor its parts are
-    changed (they are frozen; the result is a new value).
-    """
-    for index, device in enumerate(spec.devices):
-        if device.name == model.ALL_DEVICES:
-            merged = spec.container_edits.merged_with(device.container_edits)
-            if not merged.device_nodes:
-                raise exceptions.CdiSpecError(
-                    spec.source,
-                    f"devices[{index}].containerEdits.deviceNodes",
-                    f"neither the spec-level containerEdits nor device {model.ALL_DEVICES!r}"
-                    " has a device node, so no GPU would reach the container",
-                )
-            return merged
-    names = ", ".join(repr(device.name) for device in spec.devices)
-    raise exceptions.CdiSpecError(
-        spec.source,
-        "devices",
-        f"no device named {model.ALL_DEVICES!r} (devices: {names}); regenerate the spec with"
-        " `nvidia-ctk cdi generate`, which always writes it",
-    )

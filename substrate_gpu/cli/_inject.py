@@ -52,7 +52,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     inject = subparsers.add_parser(
         "inject",
         help="inject this worker's GPUs into an OCI bundle",
-        description="Inject the GPUs of a CDI spec (device 'all') into an OCI bundle.",
+        description="Inject the GPUs of a CDI spec (device 'all', or the --device names)"
+        " into an OCI bundle.",
     )
     inject.add_argument("--bundle", required=True, type=Path, help="the OCI bundle directory")
     source = inject.add_mutually_exclusive_group(required=True)
@@ -61,6 +62,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--generate",
         action="store_true",
         help="generate the spec with the mounted toolkit's nvidia-ctk first",
+    )
+    inject.add_argument(
+        "--device",
+        action="append",
+        metavar="NAME",
+        help="inject only this fully qualified CDI device (repeatable), e.g. nvidia.com/gpu=2,"
+        " nvidia.com/gpu=GPU-<uuid> or a DRA claim's name (default: all GPUs)",
+    )
+    inject.add_argument(
+        "--cdi-dir",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="also resolve --device names against the specs in DIR (repeatable; a later"
+        " directory wins over an earlier one, the --cdi-spec/--generate spec over both)",
     )
     inject.add_argument(
         "--cdi-output-dir",
@@ -94,9 +111,12 @@ def run_inject(args: argparse.Namespace) -> int:
     options = bundle_.InjectionOptions(
         driver_root=args.driver_root, dev_root=args.dev_root, toolkit_dir=args.toolkit_dir
     )
-    report = bundle_.inject_gpu(
-        args.bundle, cdi.edits_for_all(spec), options=options, soname_cache=SonameCache()
-    )
+    if args.device:
+        specs = cdi.load_spec_set(args.cdi_dir, extra=[spec])
+        edits = cdi.edits_for_devices(specs, args.device)
+    else:
+        edits = cdi.edits_for_all(spec)
+    report = bundle_.inject_gpu(args.bundle, edits, options=options, soname_cache=SonameCache())
     print(f"{report.outcome}: {report.bundle}")
     for device in report.devices:
         print(f"  device {device.path} {device.type} {device.major}:{device.minor}")

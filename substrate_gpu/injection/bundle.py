@@ -5,7 +5,8 @@ Order of work, chosen so that a failure anywhere leaves ``config.json`` untouche
 1. read and parse ``config.json``;
 2. resolve every device node on the host (a missing node fails here, before any write);
 3. plan the edits (pure, :mod:`substrate_gpu.injection.oci`);
-4. if the bundle already holds those device nodes, stop: injection is idempotent;
+4. if the bundle already holds those device nodes, stop: injection is idempotent; if it
+   holds GPU nodes the plan does not grant (an earlier injection of other GPUs), refuse;
 5. stage the SONAME links in the actor rootfs (confined to it; idempotent on retry);
 6. write ``config.json`` atomically (temp file, fsync, rename), keeping its mode.
 
@@ -16,12 +17,12 @@ The pod's pause/root container is never injected (it holds no GPU; runsc still n
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
 
+import msgspec
 import structlog
 
 from substrate_gpu import _atomic, exceptions
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
     from substrate_gpu.rootfs.sonames import SonameCache
 
 log = structlog.get_logger(__name__)
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder()
 
 
 @dataclass(frozen=True)
@@ -121,8 +125,8 @@ def read_config(bundle: Path) -> oci.OciConfig:
             f"while injecting GPUs into bundle {bundle}: cannot read {path}: {e.strerror or e}"
         ) from e
     try:
-        config = json.loads(raw)
-    except ValueError as e:
+        config = _DECODER.decode(raw)
+    except msgspec.DecodeError as e:
         raise exceptions.InjectionError(
             f"while injecting GPUs into bundle {bundle}: {path} is not valid JSON: {e}"
         ) from e
@@ -148,9 +152,10 @@ def rootfs_of(bundle: Path, config: oci.OciConfig) -> Path:
 def encode_config(config: oci.OciConfig) -> bytes:
     """config.json bytes as we write them: compact, like containerd and runc write them.
 
-    (``indent=`` would switch json to its pure-Python encoder: 5× slower on this hot path.)
+    msgspec, not ``json``: on the warm path the encode and the decode were a third of the
+    time above the unavoidable floor (~15× and ~2× faster here; same JSON values).
     """
-    return json.dumps(config, separators=(",", ":")).encode()
+    return _ENCODER.encode(config)
 
 
 def inject_gpu(
@@ -164,8 +169,10 @@ def inject_gpu(
     """Inject the GPU edits into ``bundle``; see the module docstring for the guarantees.
 
     ``edits`` are the spec-level edits merged with device ``all``
-    (:func:`substrate_gpu.cdi.edits_for_all`). Raises a subclass of
-    :class:`~substrate_gpu.exceptions.InjectionError`; config.json is then untouched.
+    (:func:`substrate_gpu.cdi.edits_for_all`) or with named devices
+    (:func:`substrate_gpu.cdi.edits_for_devices`): only their device nodes get cgroup
+    rules. Raises a subclass of :class:`~substrate_gpu.exceptions.InjectionError`;
+    config.json is then untouched.
     ``plan_cache`` (one per worker) lets later actors reuse the plan.
     """
     started = time.perf_counter()
@@ -199,6 +206,14 @@ def inject_gpu(
             hooks_kept=kept,
             hooks_skipped=skipped,
             seconds=time.perf_counter() - started,
+        )
+    foreign = oci.foreign_gpu_nodes(config, plan)
+    if foreign:
+        raise exceptions.InjectionError(
+            f"while injecting GPUs into bundle {bundle}: config.json already holds"
+            f" {', '.join(foreign)}, which this injection does not grant"
+            f" ({', '.join(d.path for d in resolved)}); the bundle was injected before with"
+            " other GPUs — re-create it from the image"
         )
     for decision in plan.skipped_hooks:
         bound.info("cdi_hook_skipped", hook=decision.name, reason=decision.reason)

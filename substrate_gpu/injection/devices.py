@@ -5,10 +5,17 @@ runtime, which stats the node on the host. We fill them in ourselves before hand
 bundle to runsc, because an OCI device with major 0 becomes a 0,0 char device in the
 actor and NVML then reports that it cannot talk to the driver.
 
-Rule (matching the CDI reference library): a node whose spec gives a **non-zero major**
-keeps the spec's numbers (a real spec writes ``/dev/nvidia0`` as ``major: 195`` with
-``minor`` omitted, meaning 0) and its type defaults to ``c``; any other node is stat-ed on
-the host, and a type given by the spec must match what the host has.
+Rules (the CDI reference library's ``fillMissingInfo``, checked against podman's copy of it):
+
+* a node is **complete** when the spec gives its ``type`` and a non-zero ``major`` (or type
+  ``p``): it is taken as written and the host is not consulted;
+* any other node is stat-ed on the host (a missing node is an error): the host gives the
+  type (a type the spec gives must match), and ``fileMode`` when the spec gives none —
+  **even when the spec gives major/minor** (nvidia-ctk ≥ 1.19 writes ``major: 195`` and no
+  type, so this is the common case);
+* a spec's non-zero ``major`` keeps the spec's numbers (a real spec writes ``/dev/nvidia0``
+  as ``major: 195`` with ``minor`` omitted, meaning 0); otherwise the host's numbers are used.
+  A FIFO (``p``) has no numbers.
 
 ``dev_root`` is a host-root prefix (like nvidia-ctk's ``--dev-root``): the same code
 resolves ``/dev/nvidia0`` against ``/`` on a node, against ``/host`` in a containerised
@@ -47,7 +54,7 @@ class ResolvedDevice:
     host_path: str
     """The node on the host, as named by the spec (before the dev-root prefix)."""
     type: str
-    """``c``, ``b`` or ``p``."""
+    """``c``, ``b``, ``u`` or ``p``; only ``b`` and ``c`` get a cgroup rule."""
     major: int
     """Major number (0 for ``p``)."""
     minor: int
@@ -57,9 +64,9 @@ class ResolvedDevice:
     file_mode: int | None = None
     """Permission bits inside the container (from the spec, else the host node)."""
     uid: int | None = None
-    """Owner inside the container, when the spec sets one."""
+    """Owner inside the container, when the spec sets one (else the process's uid)."""
     gid: int | None = None
-    """Group inside the container, when the spec sets one."""
+    """Group inside the container, when the spec sets one (else the process's gid)."""
 
 
 def host_path_under(dev_root: Path, path: str) -> Path:
@@ -77,24 +84,31 @@ def _type_of(mode: int) -> str | None:
     return None
 
 
+def _complete(node: model.DeviceNode) -> bool:
+    """True when the spec says everything the runtime needs (no host stat upstream)."""
+    return node.type is not None and (bool(node.major) or node.type == "p")
+
+
 def resolve_device(node: model.DeviceNode, *, dev_root: Path) -> ResolvedDevice:
-    """Fill in type/major/minor for one node, stat-ing the host when the spec gives no major."""
+    """Fill in type/major/minor/fileMode for one node (see the module docstring)."""
     permissions = node.permissions or DEFAULT_PERMISSIONS
-    if node.major:  # non-zero: trust the spec, as the CDI reference does
+    if _complete(node):
         return ResolvedDevice(
             path=node.path,
             host_path=node.source,
             type=node.type or "c",
-            major=node.major,
+            major=node.major or 0,
             minor=node.minor or 0,
             permissions=permissions,
             file_mode=node.file_mode,
             uid=node.uid,
             gid=node.gid,
         )
-    on_host = host_path_under(dev_root, node.source)
+    # String paths and os.stat: this runs for every node of every actor (pathlib's joins
+    # cost more than the stat itself here).
+    on_host = os.path.join(dev_root, node.source.lstrip("/"))  # noqa: PTH118
     try:
-        st = on_host.stat()
+        st = os.stat(on_host)  # noqa: PTH116
     except OSError as e:
         raise exceptions.DeviceResolutionError(
             f"while resolving device node {node.path}: cannot stat {on_host} on the host "
@@ -112,11 +126,16 @@ def resolve_device(node: model.DeviceNode, *, dev_root: Path) -> ResolvedDevice:
             f"while resolving device node {node.path}: the spec says type {node.type!r} "
             f"but {on_host} is type {kind!r}"
         )
-    major, minor = (os.major(st.st_rdev), os.minor(st.st_rdev)) if kind != "p" else (0, 0)
+    if kind == "p":
+        major, minor = 0, 0
+    elif node.major:
+        major, minor = node.major, node.minor or 0
+    else:
+        major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
     return ResolvedDevice(
         path=node.path,
         host_path=node.source,
-        type=kind,
+        type=node.type or kind,
         major=major,
         minor=minor,
         permissions=permissions,

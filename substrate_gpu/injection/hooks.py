@@ -1,8 +1,8 @@
-"""The createContainer hook allowlist.
+"""The createContainer hook allowlist, and the reason for each toolkit hook we know.
 
-An allowlist, not a denylist: newer toolkits keep adding hooks (``update-ldcache``,
-``disable-device-node-modification``, ``update-application-profile``, ``chmod``, …) and
-a hook we have not reviewed must not run on the host side of a sandbox by default.
+An allowlist, not a denylist: newer toolkits keep adding hooks and a hook we have not
+reviewed must not run on the host side of a sandbox by default. Every decision carries its
+reason, which goes into the ``cdi_hook_skipped`` log line (and docs/gpu-injection.md):
 
 Kept:
 
@@ -11,11 +11,27 @@ Kept:
 - ``enable-cuda-compat`` — points the image's forward-compat CUDA libraries at the host
   driver version.
 
-Skipped, with a log line naming each: everything else. ``update-ldcache`` in particular
-runs ldconfig, which unshares a mount namespace and mounts a private /proc: the kernel
-refuses that under the pod's masked /proc, and unmasking it needs a user namespace that
-breaks per-actor cgroup delegation. We stage the SONAME links ourselves instead
-(:mod:`substrate_gpu.rootfs.staging`).
+Skipped (:data:`SKIP_REASONS`):
+
+- ``update-ldcache`` — its ldconfig unshares a mount namespace and mounts a private /proc:
+  the kernel refuses that under the pod's masked /proc, and unmasking it needs a user
+  namespace that breaks per-actor cgroup delegation. We stage the SONAME links ourselves
+  (:mod:`substrate_gpu.rootfs.staging`).
+- ``disable-device-node-modification`` (toolkit ≥ 1.17.8) — bind-mounts a copy of
+  ``/proc/driver/nvidia/params`` with ``ModifyDeviceFiles: 0`` over the container's, so the
+  driver libraries do not create device nodes. Inside gVisor that file is the sentry's:
+  runsc emulates ``ModifyDeviceFiles=0`` itself and skips this hook, and a host-side
+  mount into the sandbox's /proc would not reach it.
+- ``update-application-profile`` (toolkit 1.20) — writes an NVIDIA driver application
+  profile (per-application user-mode driver settings) into the container's rootfs. Compute
+  workloads do not need it, and a host-side write into the untrusted rootfs by a hook we
+  cannot confine is exactly what the allowlist exists to stop; revisit if a workload
+  needs a profile (we would write it ourselves, confined, like the SONAME links).
+- ``chmod`` (deprecated, off by default) — changes the mode of paths such as
+  ``/dev/nvidia-caps`` in the container; in gVisor the sentry creates ``/dev`` from the
+  OCI device list with the modes we give, and those paths are the MIG capability nodes,
+  which we refuse (nvproxy has no MIG support).
+- any other hook: not in the allowlist (unreviewed).
 
 The subcommand's position differs by toolkit version: ``nvidia-ctk hook <name> …``
 (≤ 1.15) and ``nvidia-cdi-hook <name> …`` (≥ 1.16). Kept hooks are rewritten to run the
@@ -37,6 +53,26 @@ HOOK_POINT = "createContainer"
 
 #: Subcommands allowed to run.
 KEPT_SUBCOMMANDS = frozenset({"create-symlinks", "enable-cuda-compat"})
+
+#: Why each known toolkit hook outside the allowlist is skipped (the module docstring says more).
+SKIP_REASONS: dict[str, str] = {
+    "update-ldcache": (
+        "ldconfig needs an unmasked /proc (a user namespace, which breaks per-actor cgroup"
+        " delegation); SONAME links are staged instead"
+    ),
+    "disable-device-node-modification": (
+        "runsc emulates ModifyDeviceFiles=0 in the sentry's /proc/driver/nvidia/params and"
+        " skips this hook itself"
+    ),
+    "update-application-profile": (
+        "writes a driver application profile into the untrusted rootfs from the host side;"
+        " compute workloads do not need it"
+    ),
+    "chmod": (
+        "deprecated; the sentry creates /dev with the modes we give, and its paths"
+        " (/dev/nvidia-caps) are MIG nodes, which are refused"
+    ),
+}
 
 #: The binary kept hooks are rewritten to call.
 HOOK_BINARY_NAME = "nvidia-cdi-hook"
@@ -81,7 +117,8 @@ def classify_hook(hook: model.Hook) -> HookDecision:
     if subcommand is None:
         return HookDecision(hook, None, "skip", "not an NVIDIA toolkit hook")
     if subcommand not in KEPT_SUBCOMMANDS:
-        return HookDecision(hook, subcommand, "skip", "not in the hook allowlist")
+        reason = SKIP_REASONS.get(subcommand, "not in the hook allowlist (unreviewed)")
+        return HookDecision(hook, subcommand, "skip", reason)
     return HookDecision(hook, subcommand, "keep", "allowlisted")
 
 

@@ -6,11 +6,18 @@ once (:class:`~substrate_gpu.injection.toolkit.CdiSpecGenerator`) or given, its 
 edits are computed once per spec, the SONAME cache is shared so later actors pay only a
 stat per library, and the blocking file work runs in a worker thread so the event loop
 keeps serving other actors.
+
+An actor may instead be given **named devices** (``nvidia.com/gpu=2``, a UUID name, the
+names a DRA claim carries): they resolve against the worker's spec plus the specs of the
+CDI directories (``spec_dirs``: where a DRA driver writes its per-claim specs), re-read
+for each named request since a claim's spec appears just before its container starts.
+Without names, the actor gets ``all``, as before.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import anyio.to_thread
@@ -24,6 +31,16 @@ if TYPE_CHECKING:
 
     from substrate_gpu.cdi import model
     from substrate_gpu.injection.toolkit import CdiSpecGenerator
+
+
+#: Distinct named-device requests whose edits are kept (a worker has a handful of GPUs).
+_NAMED_CACHE_SIZE = 64
+
+
+def _same_specs(a: cdi.SpecSet, b: cdi.SpecSet) -> bool:
+    return len(a.specs) == len(b.specs) and all(
+        x is y for x, y in zip(a.specs, b.specs, strict=True)
+    )
 
 
 class InjectionMetrics(Protocol):
@@ -45,6 +62,7 @@ class WorkerGpuInjector:
         spec: model.Spec | None = None,
         soname_cache: SonameCache | None = None,
         metrics: InjectionMetrics | None = None,
+        spec_dirs: Sequence[Path] = (),
     ) -> None:
         if (generator is None) == (spec is None):
             raise ValueError("WorkerGpuInjector needs exactly one of generator= or spec=")
@@ -55,7 +73,10 @@ class WorkerGpuInjector:
         self.soname_cache = soname_cache or SonameCache()
         self.plan_cache = bundle_.PlanCache()
         self.metrics = metrics
+        self.spec_dirs = tuple(spec_dirs)
+        self._reader = cdi.SpecDirReader(self.spec_dirs)
         self.last_report: bundle_.InjectionReport | None = None
+        self._named: dict[tuple[str, ...], tuple[cdi.SpecSet, model.ContainerEdits]] = {}
 
     async def edits(self) -> model.ContainerEdits:
         """The spec-level + ``all`` edits, computed once per spec."""
@@ -64,14 +85,37 @@ class WorkerGpuInjector:
             self._edits = (spec, cdi.edits_for_all(spec))
         return self._edits[1]
 
+    async def spec_set(self) -> cdi.SpecSet:
+        """The worker's spec plus the specs of ``spec_dirs`` (read now)."""
+        spec = self._spec if self._spec is not None else await self._ensure_generated()
+        if not self.spec_dirs:
+            return cdi.SpecSet([spec])
+        return await anyio.to_thread.run_sync(functools.partial(self._reader.read, extra=(spec,)))
+
+    async def edits_for(self, devices: Sequence[str]) -> model.ContainerEdits:
+        """The spec-level + named-device edits (a DeviceRequestError names what is wrong)."""
+        spec_set = await self.spec_set()
+        key = tuple(devices)
+        cached = self._named.get(key)
+        # Reused only while the specs are the very same objects (the plan cache keys on it).
+        if cached is not None and _same_specs(cached[0], spec_set):
+            return cached[1]
+        edits = cdi.edits_for_devices(spec_set, devices)
+        if len(self._named) >= _NAMED_CACHE_SIZE:
+            self._named.clear()
+        self._named[key] = (spec_set, edits)
+        return edits
+
     async def _ensure_generated(self) -> model.Spec:
         if self._generator is None:  # pragma: no cover  (the constructor guarantees one)
             raise ValueError("WorkerGpuInjector has neither a spec nor a generator")
         return await self._generator.ensure_spec()
 
-    async def inject(self, bundle: Path) -> bundle_.InjectionReport:
-        """Inject into ``bundle``; the full report."""
-        edits = await self.edits()
+    async def inject(
+        self, bundle: Path, *, devices: Sequence[str] | None = None
+    ) -> bundle_.InjectionReport:
+        """Inject ``devices`` (qualified CDI names; ``None``: all GPUs) into ``bundle``."""
+        edits = await self.edits() if devices is None else await self.edits_for(devices)
         report = await anyio.to_thread.run_sync(
             functools.partial(
                 bundle_.inject_gpu,
@@ -88,6 +132,6 @@ class WorkerGpuInjector:
                 self.metrics.injection_hook_skipped(hook)
         return report
 
-    async def __call__(self, bundle: Path) -> int:
+    async def __call__(self, bundle: Path, *, devices: Sequence[str] | None = None) -> int:
         """Inject into ``bundle``; the number of device nodes it now holds from the spec."""
-        return len((await self.inject(bundle)).devices)
+        return len((await self.inject(bundle, devices=devices)).devices)

@@ -7,11 +7,18 @@ mutated). Reading and writing the bundle lives in :mod:`substrate_gpu.injection.
 
 Each rule and its reason (see docs/gpu-injection.md):
 
-- Devices go to ``linux.devices`` **and** get a matching cgroup allow rule in
-  ``linux.resources.devices``; without the rule the actor sees the node and gets EPERM.
-- Mounts are copied as given (type defaults to ``bind``), then all mounts are stably
-  ordered by destination depth, as the CDI reference does, so a parent directory is
-  mounted before anything below it.
+- Devices go to ``linux.devices`` (replacing an entry at the same path) **and** block and
+  char devices get a matching cgroup allow rule in ``linux.resources.devices``; without the
+  rule the actor sees the node and gets EPERM. A FIFO (``p``) gets no rule (the reference
+  adds rules for ``b``/``c`` only). A node without uid/gid takes the process's, when
+  non-zero (so a non-root actor owns its GPU node, as with the reference).
+- A bundle that already holds a GPU node (``/dev/nvidiaN``) the plan does not grant is
+  refused: injecting GPU 1 next to an earlier injection's GPU 2 would hand out two GPUs.
+- Mounts are copied as given (type defaults to ``bind``); a spec mount replaces a mount the
+  config already has at the same destination; then all mounts are stably ordered by
+  destination depth and then destination, as the CDI reference does, so a parent directory
+  is mounted before anything below it.
+- ``additionalGids`` skip GID 0 (the reference does: never add the root group to an actor).
 - Every ``NVIDIA_VISIBLE_DEVICES=`` entry is dropped, the image's and the spec's alike:
   with it set, runsc runs nvidia-container-cli itself and injects a second time.
 - The driver library directory is prepended to ``LD_LIBRARY_PATH`` exactly once, keeping
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import posixpath
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -70,10 +78,14 @@ class InjectionPlan:
     skipped_hooks: tuple[hooks_.HookDecision, ...]
     """Hooks left out, with the reason (each is logged by name)."""
     additional_gids: tuple[int, ...]
-    """Supplementary groups for the actor's process."""
+    """Supplementary groups for the actor's process (never 0)."""
     libraries: tuple[tuple[Path, str], ...] = ()
     """(host file, container path) of mounted files whose name contains ``.so.``: the
     libraries whose SONAME links are staged."""
+    mount_destinations: frozenset[str] = frozenset()
+    """The cleaned destinations of :attr:`mounts` (a config mount there is replaced)."""
+    ordered_mounts: tuple[tuple[tuple[int, str], model.Mount], ...] = ()
+    """:attr:`mounts` stably sorted by the reference's mount order, with their sort keys."""
 
 
 def env_key(entry: str) -> str:
@@ -129,11 +141,15 @@ def plan_injection(
         ),
         devices=devices,
         mounts=tuple(mounts),
+        mount_destinations=frozenset(_clean(m.container_path) for m in mounts),
+        ordered_mounts=tuple(
+            sorted(((_order_key(m.container_path), m) for m in mounts), key=lambda p: p[0])
+        ),
         env=tuple(e for e in edits.env if env_key(e) != _VISIBLE_DEVICES),
         driver_library_dir=driver_library_dir(edits, driver_root),
         hooks=tuple(kept),
         skipped_hooks=tuple(skipped),
-        additional_gids=edits.additional_gids,
+        additional_gids=tuple(g for g in edits.additional_gids if g != 0),
     )
 
 
@@ -206,7 +222,14 @@ def merge_env(image_env: Iterable[str], plan: InjectionPlan) -> list[str]:
     return env
 
 
-def _device_entry(device: ResolvedDevice) -> oci_bodies.LinuxDevice:
+#: Device types that get a cgroup rule (the reference: block and char only).
+CGROUP_TYPES = frozenset({"b", "c"})
+
+#: A GPU device node (any index).
+_GPU_NODE = re.compile(r"/dev/nvidia[0-9]+")
+
+
+def _device_entry(device: ResolvedDevice, uid: int, gid: int) -> oci_bodies.LinuxDevice:
     entry: oci_bodies.LinuxDevice = {
         "path": device.path,
         "type": device.type,
@@ -215,10 +238,13 @@ def _device_entry(device: ResolvedDevice) -> oci_bodies.LinuxDevice:
     }
     if device.file_mode is not None:
         entry["fileMode"] = device.file_mode
-    if device.uid is not None:
-        entry["uid"] = device.uid
-    if device.gid is not None:
-        entry["gid"] = device.gid
+    # As the reference: unset owner → the process's, when it is not root (0 is the default).
+    owner = device.uid if device.uid is not None else (uid or None)
+    group = device.gid if device.gid is not None else (gid or None)
+    if owner is not None:
+        entry["uid"] = owner
+    if group is not None:
+        entry["gid"] = group
     return entry
 
 
@@ -230,6 +256,14 @@ def _cgroup_rule(device: ResolvedDevice) -> oci_bodies.LinuxDeviceCgroup:
         "minor": device.minor,
         "access": device.permissions,
     }
+
+
+def foreign_gpu_nodes(config: OciConfig, plan: InjectionPlan) -> list[str]:
+    """GPU nodes the bundle already holds that ``plan`` does not grant, sorted."""
+    granted = {d.path for d in plan.devices}
+    return sorted(
+        p for p in _existing_device_paths(config) if _GPU_NODE.fullmatch(p) and p not in granted
+    )
 
 
 def _mount_entry(mount: model.Mount) -> oci_bodies.Mount:
@@ -250,9 +284,32 @@ def _hook_entry(hook: model.Hook) -> oci_bodies.Hook:
     return entry
 
 
-def _depth(mount: object) -> int:
+def _clean(path: str) -> str:
+    """``posixpath.normpath``, skipped for the usual already-clean absolute path (hot path)."""
+    if path.startswith("/") and "//" not in path and "/." not in path and not path.endswith("/"):
+        return path
+    return posixpath.normpath(path) if path else path
+
+
+def _order_key(destination: str) -> tuple[int, str]:
+    # The reference's orderedMounts: separators in the cleaned destination, then the name.
+    return _clean(destination).count("/"), destination
+
+
+def _mount_order(mount: object) -> tuple[int, str]:
     destination = mount.get("destination") if isinstance(mount, dict) else None
-    return len([p for p in str(destination or "").split("/") if p])
+    return _order_key(str(destination or ""))
+
+
+def _process_ids(process: dict[str, object]) -> tuple[int, int]:
+    user = process.get("user")
+    if not isinstance(user, dict):
+        return 0, 0
+    uid, gid = user.get("uid"), user.get("gid")
+    return (
+        uid if isinstance(uid, int) and not isinstance(uid, bool) else 0,
+        gid if isinstance(gid, int) and not isinstance(gid, bool) else 0,
+    )
 
 
 def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False) -> OciConfig:
@@ -261,31 +318,59 @@ def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False
     ``in_place=True`` edits ``config`` itself instead of a deep copy: for a caller that owns
     a freshly parsed config (the bundle writer), the copy is pure overhead on the hot path.
 
-    Entries already present (same device path, identical rule, mount destination, hook)
-    are not added twice. Raises :class:`~substrate_gpu.exceptions.InjectionError` when the
-    config has the wrong shape where we must write.
+    Entries already present (same device path or mount destination: replaced; identical
+    rule or hook: kept once) are not added twice. Raises
+    :class:`~substrate_gpu.exceptions.InjectionError` when the config has the wrong shape
+    where we must write, or holds GPU nodes the plan does not grant.
     """
+    foreign = foreign_gpu_nodes(config, plan)
+    if foreign:
+        raise exceptions.InjectionError(
+            f"while injecting GPUs: config.json already holds {', '.join(foreign)}, which this"
+            f" injection does not grant ({', '.join(d.path for d in plan.devices)}); the bundle"
+            " was injected before with other GPUs — re-create it from the image"
+        )
     result = config if in_place else copy.deepcopy(config)
     # Walked as untrusted JSON: every level is type-checked before it is written to.
     raw = cast("dict[str, object]", result)
+    process = _child(raw, "process", "")
+    uid, gid = _process_ids(process)
     linux = _child(raw, "linux", "")
     devices = _list(linux, "devices", ".linux")
-    present = {d.get("path") for d in devices if isinstance(d, dict)}
-    devices.extend(_device_entry(d) for d in plan.devices if d.path not in present)
+    replaced = {d.path for d in plan.devices}
+    devices[:] = [d for d in devices if not (isinstance(d, dict) and d.get("path") in replaced)]
+    devices.extend(_device_entry(d, uid, gid) for d in plan.devices)
 
     rules = _list(_child(linux, "resources", ".linux"), "devices", ".linux.resources")
     for device in plan.devices:
+        if device.type not in CGROUP_TYPES:
+            continue
         rule = _cgroup_rule(device)
         if rule not in rules:
             rules.append(rule)
 
     if plan.mounts:
         mounts = _list(raw, "mounts", "")
-        taken = {m.get("destination") for m in mounts if isinstance(m, dict)}
-        mounts.extend(_mount_entry(m) for m in plan.mounts if m.container_path not in taken)
-        mounts.sort(key=_depth)  # stable: equal depths keep their order
+        ours = plan.mount_destinations
+        mounts[:] = [
+            m
+            for m in mounts
+            if not (isinstance(m, dict) and _clean(str(m.get("destination") or "")) in ours)
+        ]
+        # Equal to a stable sort of (kept config mounts + plan mounts) by _mount_order: the
+        # plan's mounts are pre-sorted (stably) once per plan, so only the config's few are
+        # sorted here and the two runs merged, the config's first on a tie.
+        kept = sorted(((_mount_order(m), m) for m in mounts), key=lambda pair: pair[0])
+        merged: list[object] = []
+        position = 0
+        for key, mount in plan.ordered_mounts:
+            while position < len(kept) and kept[position][0] <= key:
+                merged.append(kept[position][1])
+                position += 1
+            merged.append(_mount_entry(mount))
+        merged.extend(m for _, m in kept[position:])
+        mounts[:] = merged
 
-    process = _child(raw, "process", "")
     image_env = [str(e) for e in _list(process, "env", ".process")]
     process["env"] = merge_env(image_env, plan)
 

@@ -209,7 +209,7 @@ class CdiSpecGenerator:
                     f"while generating the CDI spec: {argv[0]} exited 0 but wrote no {tmp}"
                 )
             spec = cdi_.load_spec(tmp)
-            cdi_.edits_for_all(spec)  # fail now, not at the first injection
+            cdi_.edits_for_all(spec, refuse_mig=False)  # fail now, not at the first injection
             tmp.replace(config.spec_path)
             spec = dataclasses.replace(spec, source=str(config.spec_path))
         except exceptions.ExternalCommandError as e:

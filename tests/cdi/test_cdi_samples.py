@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from substrate_gpu import cdi
+from substrate_gpu.exceptions import MigDeviceRefused
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "cdi"
 T4_YAML = "real-world/kwx4957-study__ctk-1.20.0__drv-615.71.09__rocky9-T4.yaml"
@@ -66,9 +67,18 @@ def test_real_spec_parses_strictly(relative: str, sample_text: Callable[[str], s
         assert spec.cdi_version == cdi.minimum_required(spec).version
 
 
+def is_management_spec(relative: str) -> bool:
+    """`--mode management` specs (and the installer's) hold every MIG capability node."""
+    return "enableChmodHook" in relative or "installer_toolkit" in relative
+
+
 @pytest.mark.parametrize(
     "relative",
-    [pytest.param(r, id=r) for r in VALID_SAMPLES if "imex" not in r and "cdi-repo" not in r],
+    [
+        pytest.param(r, id=r)
+        for r in VALID_SAMPLES
+        if "imex" not in r and "cdi-repo" not in r and not is_management_spec(r)
+    ],
 )
 def test_every_nvidia_spec_has_an_all_device_with_nodes(
     relative: str, sample_text: Callable[[str], str]
@@ -77,6 +87,19 @@ def test_every_nvidia_spec_has_an_all_device_with_nodes(
     spec = cdi.parse_spec(sample_text(relative))
     assert spec.device("all") is not None
     assert cdi.edits_for_all(spec).device_nodes
+
+
+@pytest.mark.parametrize(
+    "relative",
+    [pytest.param(r, id=r) for r in VALID_SAMPLES if is_management_spec(r)],
+)
+def test_management_spec_all_is_refused_for_its_mig_capability_nodes(
+    relative: str, sample_text: Callable[[str], str]
+) -> None:
+    """Management specs put /dev/nvidia-caps/nvidia-cap1 (MIG config) in `all`: refused."""
+    spec = cdi.parse_spec(sample_text(relative))
+    with pytest.raises(MigDeviceRefused, match="/dev/nvidia-caps/nvidia-cap1.*no MIG support"):
+        cdi.edits_for_all(spec)
 
 
 def test_load_spec_reads_a_file_and_names_it() -> None:

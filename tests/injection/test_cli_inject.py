@@ -86,3 +86,69 @@ def test_inject_needs_a_spec_source(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(["inject", "--bundle", str(tmp_path)])
     assert exit_info.value.code == 2
+
+
+def inject_argv(gpu_node, spec_source: str, bundle: Path, *extra: str) -> list[str]:
+    return [
+        "inject",
+        "--bundle",
+        str(bundle),
+        "--cdi-spec",
+        spec_source,
+        "--driver-root",
+        str(gpu_node.driver_root),
+        "--dev-root",
+        str(gpu_node.root),
+        "--toolkit-dir",
+        str(gpu_node.toolkit_dir),
+        *extra,
+    ]
+
+
+def test_inject_named_device(gpu_node, node_spec, tmp_path, capsys):
+    """--device nvidia.com/gpu=0 injects GPU 0 by name (the same nodes as all on a 1-GPU node)."""
+    bundle = bundles.make_bundle(tmp_path / "b", ["true"])
+    assert (
+        main(inject_argv(gpu_node, node_spec.source, bundle, "--device", "nvidia.com/gpu=0")) == 0
+    )
+    assert "device /dev/nvidia0 c" in capsys.readouterr().out
+
+
+def test_inject_unknown_device_exits_1_naming_it(gpu_node, node_spec, tmp_path, capsys):
+    """An unknown --device fails with exit 1, naming it and what exists; the bundle is untouched."""
+    bundle = bundles.make_bundle(tmp_path / "b", ["true"])
+    before = (bundle / "config.json").read_bytes()
+    assert (
+        main(inject_argv(gpu_node, node_spec.source, bundle, "--device", "nvidia.com/gpu=3")) == 1
+    )
+    err = capsys.readouterr().err
+    assert "unknown CDI device nvidia.com/gpu=3" in err
+    assert "nvidia.com/gpu offers: 0, GPU-" in err
+    assert (bundle / "config.json").read_bytes() == before
+
+
+def test_inject_device_from_a_cdi_dir(gpu_node, node_spec, tmp_path, capsys):
+    """--cdi-dir adds specs (a DRA driver's) whose names --device can request."""
+    claim = {
+        "cdiVersion": "0.5.0",
+        "kind": "k8s.gpu.nvidia.com/claim",
+        "devices": [
+            {"name": "c0ffee-gpu-0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}
+        ],
+        "containerEdits": {"deviceNodes": [{"path": "/dev/nvidiactl"}]},
+    }
+    (tmp_path / "cdi").mkdir()
+    (tmp_path / "cdi" / "claim.json").write_text(json.dumps(claim))
+    bundle = bundles.make_bundle(tmp_path / "b", ["true"])
+    argv = inject_argv(
+        gpu_node,
+        node_spec.source,
+        bundle,
+        "--cdi-dir",
+        str(tmp_path / "cdi"),
+        "--device",
+        "k8s.gpu.nvidia.com/claim=c0ffee-gpu-0",
+    )
+    assert main(argv) == 0
+    devices = json.loads((bundle / "config.json").read_text())["linux"]["devices"]
+    assert sorted(d["path"] for d in devices) == ["/dev/nvidia0", "/dev/nvidiactl"]

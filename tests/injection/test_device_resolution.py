@@ -36,10 +36,71 @@ def test_nonzero_major_in_spec_is_kept(dev_root):
     assert (resolved.type, resolved.major, resolved.minor) == ("c", 195, 0)
 
 
-def test_spec_numbers_need_no_host_node(tmp_path):
-    """With a non-zero major the node is not stat-ed at all."""
+def test_complete_node_needs_no_host_node(tmp_path):
+    """Type and a non-zero major given: the node is taken as written, never stat-ed."""
+    node = model.DeviceNode("/dev/nvidia7", type="c", major=195, minor=7)
+    resolved = devices.resolve_device(node, dev_root=tmp_path)
+    assert (resolved.type, resolved.major, resolved.minor, resolved.file_mode) == (
+        "c",
+        195,
+        7,
+        None,
+    )
+
+
+def test_major_without_type_needs_the_host_node(tmp_path):
+    """No type: the host is stat-ed even with major given, so a missing node is an error."""
     node = model.DeviceNode("/dev/nvidia7", major=195, minor=7)
-    assert devices.resolve_device(node, dev_root=tmp_path).minor == 7
+    with pytest.raises(exceptions.DeviceResolutionError, match=r"/dev/nvidia7.*cannot stat"):
+        devices.resolve_device(node, dev_root=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("node", "expected"),
+    [
+        # nvidia-ctk >= 1.19 writes major and no type: the host gives type and mode.
+        pytest.param(
+            model.DeviceNode("/dev/nvidia0", major=195), ("c", 195, 0, 0o640), id="major-no-type"
+        ),
+        pytest.param(model.DeviceNode("/dev/nvidia0"), ("c", 1, 3, 0o640), id="nothing-given"),
+        pytest.param(
+            model.DeviceNode("/dev/nvidia0", major=195, minor=3, file_mode=0o600),
+            ("c", 195, 3, 0o600),
+            id="spec-mode-wins",
+        ),
+        # A complete node is not stat-ed: no mode unless the spec gives one.
+        pytest.param(
+            model.DeviceNode("/dev/nvidia0", type="c", major=195),
+            ("c", 195, 0, None),
+            id="complete",
+        ),
+    ],
+)
+def test_file_mode_comes_from_the_host_when_the_spec_has_none(
+    require_root, tmp_path, node, expected
+):
+    """fileMode from the host node when the spec gives none, even with major/minor given."""
+    (tmp_path / "dev").mkdir()
+    target = tmp_path / "dev" / "nvidia0"
+    os.mknod(target, 0o640 | 0o020000, os.makedev(1, 3))
+    target.chmod(0o640)
+    resolved = devices.resolve_device(node, dev_root=tmp_path)
+    assert (resolved.type, resolved.major, resolved.minor, resolved.file_mode) == expected
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        pytest.param(model.DeviceNode("/dev/fifo"), id="type-from-host"),
+        pytest.param(model.DeviceNode("/dev/fifo", type="p"), id="type-given"),
+    ],
+)
+def test_fifo_has_no_numbers(tmp_path, node):
+    """A FIFO resolves to type p with 0:0 (it will get no cgroup rule)."""
+    (tmp_path / "dev").mkdir()
+    os.mkfifo(tmp_path / "dev" / "fifo", 0o600)
+    resolved = devices.resolve_device(node, dev_root=tmp_path)
+    assert (resolved.type, resolved.major, resolved.minor) == ("p", 0, 0)
 
 
 def test_zero_major_is_resolved_on_the_host(dev_root):

@@ -1,26 +1,28 @@
 """Our injection against the CDI reference implementation (podman's embedded CDI library).
 
-``podman create --device <kind>=all`` + ``podman init`` writes the OCI config the reference
-library produces for a spec in /etc/cdi. For the same spec and host, our device nodes,
-cgroup rules and mounts must match it. podman 4.3's library accepts cdiVersion ≤ 0.6.0;
-the toolkit stand-in writes 0.5.0, as nvidia-ctk does for this content. Hooks and env are
-*meant* to differ (allowlist; NVIDIA_VISIBLE_DEVICES dropped; LD_LIBRARY_PATH) and are
-compared for exactly those differences.
+``podman create --device <qualified name>`` + ``podman init`` writes the OCI config the
+reference library produces for a spec in /etc/cdi (see tests/support/cdi_oracle.py). For the
+same spec, request and host, our device nodes, cgroup rules and mounts must match it.
+podman 4.3's library accepts cdiVersion ≤ 0.5.0 here; the toolkit stand-in writes 0.5.0, as
+nvidia-ctk does for this content. Hooks and env are *meant* to differ (allowlist;
+NVIDIA_VISIBLE_DEVICES dropped; LD_LIBRARY_PATH) and are compared for exactly those
+differences. podman 4.3's library predates two rules we follow from the current reference
+(``fileMode`` from the host; ``additionalGids``, which needs cdiVersion 0.7.0): those are
+covered by tests/injection/test_reference_edits.py only.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
+from support import cdi_oracle
 from support.real import missing
 
-from substrate_gpu import cdi
+from substrate_gpu import cdi, exceptions
 from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.rootfs import SonameCache
 from substrate_gpu.testing import bundles
@@ -28,93 +30,20 @@ from substrate_gpu.testing import node as node_
 
 pytestmark = pytest.mark.runc
 
-KIND = "substrate-oracle.example/gpu"
-CDI_DIR = Path("/etc/cdi")
-
 
 @pytest.fixture(scope="module")
-def podman(require_root, tmp_path_factory) -> list[str]:
+def podman(require_root, tmp_path_factory) -> cdi_oracle.Podman:
     """podman with private, throw-away storage, and a busybox image imported into it."""
-    binary = shutil.which("podman")
+    binary = cdi_oracle.find_podman()
     if binary is None:
         missing("podman", "is not installed")
-    state = tmp_path_factory.mktemp("podman")
-    cmd = [
-        binary,
-        "--root",
-        str(state / "root"),
-        "--runroot",
-        str(state / "run"),
-        "--storage-driver",
-        "vfs",
-        "--cgroup-manager",
-        "cgroupfs",
-        "--events-backend",
-        "none",
-    ]
-    rootfs = state / "image"
-    (rootfs / "bin").mkdir(parents=True)
-    shutil.copy2(bundles.find_busybox(), rootfs / "bin" / "busybox")
-    tar = subprocess.run(
-        ["tar", "-C", str(rootfs), "-c", "."], capture_output=True, check=True
-    ).stdout
-    subprocess.run(
-        [*cmd, "import", "-", "localhost/substrate-oracle:latest"],
-        input=tar,
-        capture_output=True,
-        check=True,
-        timeout=120,
+    return cdi_oracle.Podman.create(
+        binary, tmp_path_factory.mktemp("podman"), bundles.find_busybox()
     )
-    return cmd
 
 
-def reference_config(podman: list[str], spec: dict[str, object]) -> dict:
-    """The OCI config podman's CDI library writes for ``spec``."""
-    name = f"substrate-oracle-{uuid.uuid4().hex[:10]}"
-    spec_file = CDI_DIR / f"{name}.json"
-    CDI_DIR.mkdir(parents=True, exist_ok=True)
-    spec_file.write_text(json.dumps(spec))
-    try:
-        subprocess.run(
-            [
-                *podman,
-                "create",
-                "--device",
-                f"{KIND}=all",
-                "--name",
-                name,
-                "localhost/substrate-oracle:latest",
-                "sh",
-            ],
-            capture_output=True,
-            check=True,
-            timeout=120,
-        )
-        # init writes config.json, then fails running the toolkit's hooks (absent here): fine.
-        subprocess.run([*podman, "init", name], capture_output=True, check=False, timeout=120)
-        container_id = subprocess.run(
-            [*podman, "inspect", "-f", "{{.Id}}", name], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        storage = Path(podman[podman.index("--root") + 1])
-        return json.loads(
-            (storage / "vfs-containers" / container_id / "userdata" / "config.json").read_text()
-        )
-    finally:
-        subprocess.run([*podman, "rm", "-f", name], capture_output=True, check=False)
-        spec_file.unlink(missing_ok=True)
-
-
-@pytest.mark.parametrize(
-    "toolkit_version",
-    [
-        pytest.param("1.17.8", id="numbers-from-host-stat"),
-        pytest.param("1.20.0", id="numbers-in-spec"),
-    ],
-)
-def test_devices_rules_and_mounts_match_the_reference(podman, tmp_path, toolkit_version):
-    """Same spec, same host: same device nodes, cgroup allow rules and mounts as the reference."""
-    sim = node_.build_node(tmp_path / "node", gpus=(0, 2))
-    out = tmp_path / "spec.json"
+def generate(sim: node_.SimulatedNode, out: Path, toolkit_version: str = "1.20.0") -> dict:
+    """The stand-in's spec for ``sim`` (host paths under the node root), with a unique kind."""
     subprocess.run(
         [
             str(sim.toolkit_dir / "nvidia-ctk"),
@@ -133,52 +62,242 @@ def test_devices_rules_and_mounts_match_the_reference(podman, tmp_path, toolkit_
         check=True,
     )
     spec = json.loads(out.read_text())
-    spec["kind"] = KIND
-    reference = reference_config(podman, spec)
+    spec["kind"] = cdi_oracle.unique_kind()
+    return spec
 
+
+def ours(
+    tmp_path: Path,
+    edits: cdi.ContainerEdits,
+    *,
+    driver_root: str = "/usr/local/nvidia",
+    dev_root: Path = Path("/"),
+    user: tuple[int, int] = (0, 0),
+    mounts: list[dict] | None = None,
+) -> dict:
+    """The config our injection writes into a fresh bundle."""
     bundle = bundles.make_bundle(
         tmp_path / "bundle", ["sh"], env=["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"]
     )
-    ours_edits = cdi.edits_for_all(cdi.parse_spec(json.dumps(spec)))
+    config = json.loads((bundle / "config.json").read_text())
+    config["process"]["user"] = {"uid": user[0], "gid": user[1]}
+    if mounts is not None:
+        config["mounts"] = mounts
+    (bundle / "config.json").write_text(json.dumps(config))
     bundle_.inject_gpu(
         bundle,
-        ours_edits,
-        options=bundle_.InjectionOptions(
-            driver_root=str(sim.driver_root), toolkit_dir=sim.toolkit_dir
-        ),
+        edits,
+        options=bundle_.InjectionOptions(driver_root=driver_root, dev_root=dev_root),
         soname_cache=SonameCache(),
     )
-    ours = json.loads((bundle / "config.json").read_text())
+    return json.loads((bundle / "config.json").read_text())
 
-    def devices(config):
-        return sorted(
-            (d["path"], d["type"], d["major"], d["minor"]) for d in config["linux"]["devices"]
-        )
 
-    def rules(config):
-        return sorted(
-            (r["type"], r["major"], r["minor"], r["access"])
-            for r in config["linux"]["resources"]["devices"]
-            if r.get("allow")
-        )
+def devices(config: dict) -> list[tuple]:
+    return sorted(
+        (d["path"], d["type"], d["major"], d["minor"], d.get("uid"), d.get("gid"))
+        for d in config["linux"]["devices"]
+    )
 
-    def gpu_mounts(config):
-        return sorted(
-            (m["destination"], m["source"], tuple(m.get("options", ())))
-            for m in config["mounts"]
-            if m["source"].startswith(str(sim.root))
-        )
 
-    assert devices(ours) == devices(reference)
-    assert rules(ours) == rules(reference)
-    assert gpu_mounts(ours) == gpu_mounts(reference)
-    assert len(devices(ours)) == 5  # nvidia0, nvidia2, nvidiactl, nvidia-uvm, nvidia-uvm-tools
+def rules(config: dict) -> list[tuple]:
+    return sorted(
+        (r["type"], r["major"], r["minor"], r["access"])
+        for r in config["linux"]["resources"]["devices"]
+        if r.get("allow")
+    )
+
+
+def mounts_from(config: dict, prefix: str) -> list[tuple]:
+    return sorted(
+        (m["destination"], m["source"], tuple(m.get("options", ())))
+        for m in config["mounts"]
+        if m["source"].startswith(prefix)
+    )
+
+
+@pytest.mark.parametrize(
+    "toolkit_version",
+    [
+        pytest.param("1.17.8", id="numbers-from-host-stat"),
+        pytest.param("1.20.0", id="numbers-in-spec"),
+    ],
+)
+def test_devices_rules_and_mounts_match_the_reference(podman, tmp_path, toolkit_version):
+    """Same spec, same host: same device nodes, cgroup allow rules and mounts as the reference."""
+    sim = node_.build_node(tmp_path / "node", gpus=(0, 2))
+    spec = generate(sim, tmp_path / "spec.json", toolkit_version)
+    reference = podman.reference_config({"spec": spec}, [f"{spec['kind']}=all"])
+    mine = ours(
+        tmp_path,
+        cdi.edits_for_all(cdi.parse_spec(json.dumps(spec))),
+        driver_root=str(sim.driver_root),
+    )
+
+    assert devices(mine) == devices(reference)
+    assert rules(mine) == rules(reference)
+    assert mounts_from(mine, str(sim.root)) == mounts_from(reference, str(sim.root))
+    assert len(devices(mine)) == 5  # nvidia0, nvidia2, nvidiactl, nvidia-uvm, nvidia-uvm-tools
 
     # The intended differences: the reference keeps NVIDIA_VISIBLE_DEVICES and every hook.
     assert "NVIDIA_VISIBLE_DEVICES=void" in reference["process"]["env"]
-    assert not [e for e in ours["process"]["env"] if e.startswith("NVIDIA_VISIBLE_DEVICES=")]
+    assert not [e for e in mine["process"]["env"] if e.startswith("NVIDIA_VISIBLE_DEVICES=")]
     assert len(reference["hooks"]["createContainer"]) == 5
-    assert [h["args"][1] for h in ours["hooks"]["createContainer"]] == [
+    assert [h["args"][1] for h in mine["hooks"]["createContainer"]] == [
         "create-symlinks",
         "enable-cuda-compat",
+    ]
+
+
+@pytest.fixture(scope="module")
+def four_gpu_node(tmp_path_factory) -> tuple[node_.SimulatedNode, dict]:
+    """A simulated 4-GPU node and the stand-in's spec for it."""
+    work = tmp_path_factory.mktemp("four")
+    sim = node_.build_node(work / "node", gpus=(0, 1, 2, 3))
+    return sim, generate(sim, work / "spec.json")
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        pytest.param(["2"], id="gpu-2"),
+        pytest.param(["3", "1"], id="gpus-3-and-1"),
+        pytest.param(["uuid-of-0"], id="by-uuid"),
+    ],
+)
+def test_named_gpus_match_the_reference(podman, four_gpu_node, tmp_path, names):
+    """Named GPUs on a 4-GPU node: the same nodes, rules and mounts as the reference."""
+    sim, spec = four_gpu_node
+    if names == ["uuid-of-0"]:
+        names = [next(d["name"] for d in spec["devices"] if d["name"].startswith("GPU-"))]
+    requested = [f"{spec['kind']}={n}" for n in names]
+    reference = podman.reference_config({"spec": spec}, requested)
+    edits = cdi.edits_for_devices(cdi.SpecSet([cdi.parse_spec(json.dumps(spec))]), requested)
+    mine = ours(tmp_path, edits, driver_root=str(sim.driver_root))
+    assert devices(mine) == devices(reference)
+    assert rules(mine) == rules(reference)
+    assert mounts_from(mine, str(sim.root)) == mounts_from(reference, str(sim.root))
+    gpu_nodes = sorted(d[0] for d in devices(mine) if d[0][len("/dev/nvidia") :].isdigit())
+    assert len(gpu_nodes) == len(names)
+
+
+def test_unknown_and_conflicting_names_are_refused_like_the_reference(podman, tmp_path):
+    """An unknown name and a name two specs define: the reference and we both refuse."""
+    kind = cdi_oracle.unique_kind()
+
+    def spec(path: str) -> dict:
+        node = {"deviceNodes": [{"path": path}]}
+        return {
+            "cdiVersion": "0.5.0",
+            "kind": kind,
+            "devices": [{"name": "d", "containerEdits": node}],
+        }
+
+    for specs, name in (
+        ({"a": spec("/dev/null")}, "zz"),
+        ({"a": spec("/dev/null"), "b": spec("/dev/zero")}, "d"),
+    ):
+        with pytest.raises(cdi_oracle.OracleRefused, match="unresolvable CDI devices"):
+            podman.reference_config(specs, [f"{kind}={name}"])
+        ours_set = cdi.SpecSet([cdi.parse_spec(json.dumps(s), source=k) for k, s in specs.items()])
+        with pytest.raises(exceptions.DeviceRequestError):
+            cdi.edits_for_devices(ours_set, [f"{kind}={name}"])
+
+
+def single_device_spec(kind: str, edits: dict) -> dict:
+    return {
+        "cdiVersion": "0.5.0",
+        "kind": kind,
+        "devices": [{"name": "d", "containerEdits": edits}],
+    }
+
+
+def test_unowned_nodes_take_the_process_owner_like_the_reference(podman, tmp_path):
+    """A non-root actor (1000:1001) owns nodes the spec gives no uid/gid, as with the reference."""
+    kind = cdi_oracle.unique_kind()
+    spec = single_device_spec(
+        kind, {"deviceNodes": [{"path": "/dev/null"}, {"path": "/dev/zero", "uid": 7, "gid": 8}]}
+    )
+    reference = podman.reference_config(
+        {"spec": spec}, [f"{kind}=d"], create_args=("--user", "1000:1001")
+    )
+    mine = ours(tmp_path, _edits(spec), user=(1000, 1001))
+    assert devices(mine) == devices(reference)
+    assert ("/dev/null", "c", 1, 3, 1000, 1001) in devices(mine)
+
+
+def _edits(spec: dict) -> cdi.ContainerEdits:
+    return cdi.edits_for_devices(
+        cdi.SpecSet([cdi.parse_spec(json.dumps(spec))]), [f"{spec['kind']}=d"]
+    )
+
+
+def test_fifo_gets_no_rule_like_the_reference(podman, tmp_path):
+    """A FIFO node is passed with type p and no cgroup rule, as with the reference."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    kind = cdi_oracle.unique_kind()
+    spec = single_device_spec(
+        kind, {"deviceNodes": [{"path": "/dev/null"}, {"path": "/dev/pipe", "hostPath": str(fifo)}]}
+    )
+    reference = podman.reference_config({"spec": spec}, [f"{kind}=d"])
+    mine = ours(tmp_path, _edits(spec))
+    assert devices(mine) == devices(reference)
+    assert rules(mine) == rules(reference) == [("c", 1, 3, "rwm")]
+
+
+@pytest.mark.parametrize(
+    ("node", "accepted"),
+    [
+        pytest.param({"type": "c", "major": 195}, True, id="complete-node-not-stat-ed"),
+        pytest.param({"major": 195}, False, id="no-type-needs-the-host-node"),
+    ],
+)
+def test_missing_host_node_like_the_reference(podman, tmp_path, node, accepted):
+    """A node absent from the host is fine only when the spec gives its type and major."""
+    kind = cdi_oracle.unique_kind()
+    spec = single_device_spec(
+        kind,
+        {"deviceNodes": [{"path": "/dev/absent", "hostPath": str(tmp_path / "absent"), **node}]},
+    )
+    if accepted:
+        reference = podman.reference_config({"spec": spec}, [f"{kind}=d"])
+        assert devices(ours(tmp_path, _edits(spec))) == devices(reference)
+    else:
+        with pytest.raises(cdi_oracle.OracleRefused, match="failed to stat CDI host device"):
+            podman.reference_config({"spec": spec}, [f"{kind}=d"])
+        with pytest.raises(exceptions.DeviceResolutionError, match="cannot stat"):
+            ours(tmp_path, _edits(spec))
+
+
+def test_mount_replacement_and_order_match_the_reference(podman, tmp_path):
+    """A spec mount at /dev/shm replaces podman's; all mounts are ordered as the reference orders them."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    kind = cdi_oracle.unique_kind()
+    spec = single_device_spec(
+        kind,
+        {
+            "deviceNodes": [{"path": "/dev/null"}],
+            "mounts": [
+                {"hostPath": str(shm), "containerPath": "/dev/shm", "options": ["ro", "bind"]},
+                {"hostPath": "/etc/hostname", "containerPath": "/a/b", "options": ["ro", "bind"]},
+                {"hostPath": "/etc/hostname", "containerPath": "/b", "options": ["ro", "bind"]},
+            ],
+        },
+    )
+    reference = podman.reference_config({"spec": spec}, [f"{kind}=d"])
+    # The mounts podman had before applying CDI: its own, minus its later userdata binds.
+    base_destinations = {"/dev", "/proc", "/sys", "/dev/mqueue", "/dev/pts", "/dev/shm"}
+    base = [
+        {"destination": d, "type": "tmpfs", "source": "podman-default"}
+        for d in sorted(base_destinations)
+    ]
+    mine = ours(tmp_path, _edits(spec), mounts=base)
+    compared = base_destinations | {"/a/b", "/b"}
+    order = [m["destination"] for m in reference["mounts"] if m["destination"] in compared]
+    assert [m["destination"] for m in mine["mounts"]] == order
+    assert [m["source"] for m in mine["mounts"] if m["destination"] == "/dev/shm"] == [str(shm)]
+    assert [m["source"] for m in reference["mounts"] if m["destination"] == "/dev/shm"] == [
+        str(shm)
     ]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from support.gpu_nodes import toolkit_config
 
+from substrate_gpu.exceptions import DeviceRequestError
 from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.injection import toolkit
 from substrate_gpu.injection.injector import WorkerGpuInjector
@@ -68,3 +71,54 @@ async def test_skipped_hooks_are_counted_by_name(gpu_node, tmp_path):
     assert skipped("update-ldcache") == 1.0
     assert skipped("disable-device-node-modification") == 1.0
     assert skipped("update-application-profile") == 1.0
+
+
+def claim_spec(name: str) -> str:
+    """A DRA-driver-style per-claim spec granting /dev/nvidia0 under a claim name."""
+    return json.dumps(
+        {
+            "cdiVersion": "0.5.0",
+            "kind": "k8s.gpu.nvidia.com/claim",
+            "devices": [
+                {"name": name, "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}
+            ],
+        }
+    )
+
+
+@pytest.fixture
+def dra_injector(gpu_node, tmp_path):
+    """An injector whose spec dirs receive per-claim specs while it runs."""
+    spec_dir = tmp_path / "run-cdi"
+    spec_dir.mkdir()
+    injector = WorkerGpuInjector(
+        generator=toolkit.CdiSpecGenerator(toolkit_config(gpu_node, tmp_path / "cdi")),
+        options=bundle_.InjectionOptions(
+            driver_root=str(gpu_node.driver_root),
+            dev_root=gpu_node.root,
+            toolkit_dir=gpu_node.toolkit_dir,
+        ),
+        spec_dirs=[spec_dir],
+    )
+    return injector, spec_dir
+
+
+async def test_a_claim_spec_written_later_is_found(dra_injector, tmp_path):
+    """A DRA claim's spec appearing in the CDI dir after start is resolved on the next request."""
+    injector, spec_dir = dra_injector
+    bundle = bundles.make_bundle(tmp_path / "actor", ["true"])
+    with pytest.raises(DeviceRequestError, match="no spec defines kind k8s.gpu.nvidia.com/claim"):
+        await injector.inject(bundle, devices=["k8s.gpu.nvidia.com/claim=abc-gpu-0"])
+    (spec_dir / "claim-abc.json").write_text(claim_spec("abc-gpu-0"))
+    report = await injector.inject(bundle, devices=["k8s.gpu.nvidia.com/claim=abc-gpu-0"])
+    assert report.outcome == "injected"
+    assert [d.path for d in report.devices] == ["/dev/nvidia0"]
+
+
+async def test_named_edits_are_reused_while_the_specs_are_unchanged(dra_injector):
+    """The same request against unchanged spec files resolves once."""
+    injector, spec_dir = dra_injector
+    (spec_dir / "claim-abc.json").write_text(claim_spec("abc-gpu-0"))
+    first = await injector.edits_for(["nvidia.com/gpu=0", "k8s.gpu.nvidia.com/claim=abc-gpu-0"])
+    again = await injector.edits_for(["nvidia.com/gpu=0", "k8s.gpu.nvidia.com/claim=abc-gpu-0"])
+    assert again is first

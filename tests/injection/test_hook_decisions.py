@@ -1,0 +1,100 @@
+"""The decision and its reason for each hook newer toolkits write, in the plan and the log."""
+
+from __future__ import annotations
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+from substrate_gpu.cdi import model
+from substrate_gpu.injection import bundle as bundle_
+from substrate_gpu.injection import hooks
+from substrate_gpu.rootfs import SonameCache
+from substrate_gpu.testing import bundles
+
+
+def toolkit_hook(*args: str) -> model.Hook:
+    return model.Hook(
+        hook_name="createContainer",
+        path="/usr/bin/nvidia-cdi-hook",
+        args=("nvidia-cdi-hook", *args),
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "verdict", "reason"),
+    [
+        pytest.param(
+            ("create-symlinks", "--link", "a::b"), "keep", "allowlisted", id="create-symlinks"
+        ),
+        pytest.param(
+            ("enable-cuda-compat", "--host-driver-version=1"),
+            "keep",
+            "allowlisted",
+            id="enable-cuda-compat",
+        ),
+        pytest.param(
+            ("update-ldcache", "--folder", "/x"),
+            "skip",
+            "SONAME links are staged instead",
+            id="update-ldcache",
+        ),
+        # runsc emulates ModifyDeviceFiles=0 itself and skips this hook.
+        pytest.param(
+            ("disable-device-node-modification",),
+            "skip",
+            "runsc emulates ModifyDeviceFiles=0",
+            id="disable-device-node-modification",
+        ),
+        pytest.param(
+            ("update-application-profile",),
+            "skip",
+            "application profile into the untrusted rootfs",
+            id="update-application-profile",
+        ),
+        pytest.param(
+            ("chmod", "--mode", "755", "--path", "/dev/nvidia-caps"),
+            "skip",
+            "deprecated",
+            id="chmod",
+        ),
+        pytest.param(
+            ("some-future-hook",),
+            "skip",
+            "not in the hook allowlist (unreviewed)",
+            id="unknown-subcommand",
+        ),
+    ],
+)
+def test_each_toolkit_hook_has_a_decision_and_a_reason(args, verdict, reason):
+    """Every hook a toolkit writes gets keep/skip with a specific reason."""
+    decision = hooks.classify_hook(toolkit_hook(*args))
+    assert decision.verdict == verdict
+    assert reason in decision.reason
+
+
+def test_skip_log_lines_carry_the_reason(node_edits, gpu_node, tmp_path, monkeypatch):
+    """Injecting the 1.20 spec logs one cdi_hook_skipped line per skipped hook, with its reason."""
+    bundle = bundles.make_bundle(tmp_path / "bundle", ["true"])
+    with capture_logs() as logs:
+        # A fresh logger: the module's may be cached by an earlier test's configuration.
+        monkeypatch.setattr(bundle_, "log", structlog.get_logger(bundle_.__name__))
+        bundle_.inject_gpu(
+            bundle,
+            node_edits,
+            options=bundle_.InjectionOptions(
+                driver_root=str(gpu_node.driver_root),
+                dev_root=gpu_node.root,
+                toolkit_dir=gpu_node.toolkit_dir,
+            ),
+            soname_cache=SonameCache(),
+        )
+    skipped = {e["hook"]: e["reason"] for e in logs if e["event"] == "cdi_hook_skipped"}
+    assert skipped == {
+        name: hooks.SKIP_REASONS[name]
+        for name in (
+            "update-ldcache",
+            "disable-device-node-modification",
+            "update-application-profile",
+        )
+    }

@@ -1,0 +1,299 @@
+"""Applying CDI edits to an OCI config the way the CDI reference library does.
+
+Ported from cncf-tags/container-device-interface pkg/cdi/container-edits_test.go
+(``TestApplyContainerEdits``), in our terms: the edits go through device resolution, the
+plan and :func:`~substrate_gpu.injection.oci.apply_plan`. Where podman's copy of the
+reference can show the behaviour, tests/injection/test_podman_oracle.py compares with it too.
+The intended differences (hook allowlist, NVIDIA_VISIBLE_DEVICES, LD_LIBRARY_PATH; intelRdt
+and netDevices are parsed, not applied) are tested elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from substrate_gpu import exceptions
+from substrate_gpu.cdi import model
+from substrate_gpu.injection import devices, oci
+
+NULL = model.DeviceNode("/dev/null")
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Path:
+    """A host tree: dev/null is /dev/null (c 1:3, mode 0666), dev/fifo a FIFO."""
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev/null").symlink_to("/dev/null")
+    os.mkfifo(tmp_path / "dev/fifo", 0o600)
+    return tmp_path
+
+
+def apply(host: Path, edits: model.ContainerEdits, config: dict | None = None) -> dict:
+    resolved = devices.resolve_device_numbers(edits.device_nodes, dev_root=host)
+    plan = oci.plan_injection(edits, resolved, driver_root="/usr/local/nvidia", hook_binary="/h")
+    return oci.apply_plan(config if config is not None else {}, plan)
+
+
+def user(uid: int, gid: int, *, extra: list[int] | None = None) -> dict:
+    process: dict = {"user": {"uid": uid, "gid": gid}}
+    if extra is not None:
+        process["user"]["additionalGids"] = extra
+    return {"process": process}
+
+
+def rules(config: dict) -> list[dict]:
+    return config["linux"]["resources"]["devices"]
+
+
+# --- device nodes -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("node", "config", "expected_device", "expected_rules"),
+    [
+        pytest.param(
+            NULL,
+            {},
+            {"path": "/dev/null", "type": "c", "major": 1, "minor": 3, "fileMode": 0o666},
+            [{"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"}],
+            id="empty-spec-device-from-host",
+        ),
+        pytest.param(
+            model.DeviceNode("/dev/null", permissions="r"),
+            {},
+            {"path": "/dev/null", "type": "c", "major": 1, "minor": 3, "fileMode": 0o666},
+            [{"allow": True, "type": "c", "major": 1, "minor": 3, "access": "r"}],
+            id="permissions-become-the-rule-access",
+        ),
+        pytest.param(
+            NULL,
+            user(1000, 1000),
+            {
+                "path": "/dev/null",
+                "type": "c",
+                "major": 1,
+                "minor": 3,
+                "fileMode": 0o666,
+                "uid": 1000,
+                "gid": 1000,
+            },
+            [{"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"}],
+            id="owner-from-process-user",
+        ),
+        pytest.param(
+            model.DeviceNode("/dev/null", uid=1, gid=2),
+            user(1000, 1000),
+            {
+                "path": "/dev/null",
+                "type": "c",
+                "major": 1,
+                "minor": 3,
+                "fileMode": 0o666,
+                "uid": 1,
+                "gid": 2,
+            },
+            [{"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"}],
+            id="spec-owner-wins-over-process-user",
+        ),
+        pytest.param(
+            NULL,
+            user(0, 0),
+            {"path": "/dev/null", "type": "c", "major": 1, "minor": 3, "fileMode": 0o666},
+            [{"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"}],
+            id="root-process-sets-no-owner",
+        ),
+        pytest.param(
+            NULL,
+            user(0, 44),
+            {
+                "path": "/dev/null",
+                "type": "c",
+                "major": 1,
+                "minor": 3,
+                "fileMode": 0o666,
+                "gid": 44,
+            },
+            [{"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"}],
+            id="only-non-zero-ids-are-copied",
+        ),
+        pytest.param(
+            model.DeviceNode("/dev/fifo"),
+            {},
+            {"path": "/dev/fifo", "type": "p", "major": 0, "minor": 0, "fileMode": 0o600},
+            [],
+            id="fifo-gets-no-cgroup-rule",
+        ),
+        pytest.param(
+            model.DeviceNode("/dev/fifo", type="p"),
+            {},
+            {"path": "/dev/fifo", "type": "p", "major": 0, "minor": 0},
+            [],
+            id="typed-fifo-is-not-stat-ed-and-gets-no-rule",
+        ),
+        pytest.param(
+            model.DeviceNode("/dev/sda", type="b", major=8),
+            {},
+            {"path": "/dev/sda", "type": "b", "major": 8, "minor": 0},
+            [{"allow": True, "type": "b", "major": 8, "minor": 0, "access": "rwm"}],
+            id="block-device-gets-a-b-rule",
+        ),
+        pytest.param(
+            model.DeviceNode("/dev/null", major=195, minor=7),
+            {},
+            {"path": "/dev/null", "type": "c", "major": 195, "minor": 7, "fileMode": 0o666},
+            [{"allow": True, "type": "c", "major": 195, "minor": 7, "access": "rwm"}],
+            id="file-mode-from-host-even-with-numbers",
+        ),
+        pytest.param(
+            model.DeviceNode("/dev/null", major=195, file_mode=0o600),
+            {},
+            {"path": "/dev/null", "type": "c", "major": 195, "minor": 0, "fileMode": 0o600},
+            [{"allow": True, "type": "c", "major": 195, "minor": 0, "access": "rwm"}],
+            id="spec-file-mode-wins",
+        ),
+    ],
+)
+def test_device_node(host, node, config, expected_device, expected_rules):
+    """One device node: its OCI entry and its cgroup rules."""
+    result = apply(host, model.ContainerEdits(device_nodes=(node,)), config)
+    assert result["linux"]["devices"] == [expected_device]
+    assert rules(result) == expected_rules
+
+
+def test_device_replaces_an_entry_at_the_same_path(host):
+    """A device the config already lists at the same path is replaced, not doubled."""
+    config = {"linux": {"devices": [{"path": "/dev/null", "type": "c", "major": 9, "minor": 9}]}}
+    result = apply(host, model.ContainerEdits(device_nodes=(NULL,)), config)
+    assert [(d["path"], d["major"]) for d in result["linux"]["devices"]] == [("/dev/null", 1)]
+
+
+# --- mounts --------------------------------------------------------------------------------
+
+
+def mount(destination: str, source: str = "/src") -> model.Mount:
+    return model.Mount(host_path=source, container_path=destination, options=("ro", "bind"))
+
+
+def destinations(config: dict) -> list[str]:
+    return [m["destination"] for m in config["mounts"]]
+
+
+@pytest.mark.parametrize(
+    ("existing", "added", "expected"),
+    [
+        pytest.param(
+            [], ["/a/b/c", "/b", "/a/b", "/a"], ["/a", "/b", "/a/b", "/a/b/c"], id="depth-then-name"
+        ),
+        pytest.param(
+            ["/proc", "/dev", "/dev/shm"],
+            ["/usr/lib/libcuda.so.1", "/usr/bin/nvidia-smi"],
+            ["/dev", "/proc", "/dev/shm", "/usr/bin/nvidia-smi", "/usr/lib/libcuda.so.1"],
+            id="existing-mounts-sorted-too",
+        ),
+        pytest.param(["/a/"], ["/b"], ["/a/", "/b"], id="trailing-slash-cleaned-for-depth"),
+    ],
+)
+def test_mounts_are_ordered_like_the_reference(host, existing, added, expected):
+    """All mounts end up ordered by destination depth, then destination."""
+    config = {"mounts": [{"destination": d, "type": "bind", "source": "/x"} for d in existing]}
+    edits = model.ContainerEdits(device_nodes=(NULL,), mounts=tuple(mount(d) for d in added))
+    assert destinations(apply(host, edits, config)) == expected
+
+
+def test_spec_mount_replaces_a_mount_at_the_same_destination(host):
+    """The config's /dev/shm is replaced by the spec's mount there (the reference removes it)."""
+    config = {"mounts": [{"destination": "/dev/shm", "type": "tmpfs", "source": "shm"}]}
+    edits = model.ContainerEdits(device_nodes=(NULL,), mounts=(mount("/dev/shm", "/host/shm"),))
+    result = apply(host, edits, config)
+    assert result["mounts"] == [
+        {
+            "destination": "/dev/shm",
+            "type": "bind",
+            "source": "/host/shm",
+            "options": ["ro", "bind"],
+        }
+    ]
+
+
+# --- additionalGids ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("existing", "gids", "expected"),
+    [
+        pytest.param(None, (5,), [5], id="added"),
+        pytest.param(None, (0,), None, id="gid-zero-skipped"),
+        pytest.param(None, (0, 5, 0, 7), [5, 7], id="zero-skipped-among-others"),
+        pytest.param([5], (5, 6), [5, 6], id="no-duplicates"),
+    ],
+)
+def test_additional_gids(host, existing, gids, expected):
+    """additionalGids are added once each; GID 0 (root's group) never is."""
+    edits = model.ContainerEdits(device_nodes=(NULL,), additional_gids=gids)
+    result = apply(host, edits, user(1000, 1000, extra=existing))
+    assert result["process"]["user"].get("additionalGids") == expected
+
+
+# --- env -----------------------------------------------------------------------------------
+
+
+def test_env_is_added(host):
+    """The spec's env reaches the process."""
+    edits = model.ContainerEdits(device_nodes=(NULL,), env=("BAR=BARVALUE1",))
+    assert apply(host, edits, {"process": {"env": ["A=1"]}})["process"]["env"] == [
+        "A=1",
+        "BAR=BARVALUE1",
+    ]
+
+
+# --- named-device safety -------------------------------------------------------------------
+
+
+def test_bundle_holding_another_gpu_is_refused(host):
+    """A config that already holds /dev/nvidia3 cannot also get a different GPU."""
+    (host / "dev/nvidia1").symlink_to("/dev/null")
+    config = {
+        "linux": {"devices": [{"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3}]}
+    }
+    edits = model.ContainerEdits(device_nodes=(model.DeviceNode("/dev/nvidia1"),))
+    with pytest.raises(
+        exceptions.InjectionError,
+        match=r"already holds /dev/nvidia3, which this injection does not grant",
+    ):
+        apply(host, edits, config)
+
+
+_SEGMENTS = st.sampled_from(["a", "b", "dev", "shm", "lib", "x.so.1", ".", ""])
+_DESTINATIONS = st.lists(_SEGMENTS, min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts))
+
+
+@given(
+    existing=st.lists(_DESTINATIONS, max_size=8),
+    added=st.lists(_DESTINATIONS, min_size=1, max_size=8, unique=True),
+)
+@settings(max_examples=200, deadline=None)
+def test_mount_merge_equals_the_reference_stable_sort(existing, added):
+    """Whatever the destinations, the result is the stable depth-then-name sort of all mounts."""
+    config = {
+        "mounts": [{"destination": d, "source": f"config{i}"} for i, d in enumerate(existing)]
+    }
+    edits = model.ContainerEdits(mounts=tuple(mount(d, f"/plan{i}") for i, d in enumerate(added)))
+    plan = oci.plan_injection(edits, (), driver_root="/usr", hook_binary="/h")
+    result = oci.apply_plan(config, plan)
+
+    def key(destination: str) -> tuple[int, str]:
+        return posixpath.normpath(destination).count("/"), destination
+
+    replaced = {posixpath.normpath(m.container_path) for m in plan.mounts}
+    kept = [
+        (d, f"config{i}") for i, d in enumerate(existing) if posixpath.normpath(d) not in replaced
+    ]
+    planned = [(m.container_path, m.host_path) for m in plan.mounts]
+    expected = sorted(kept + planned, key=lambda pair: key(pair[0]))
+    assert [(m["destination"], m["source"]) for m in result["mounts"]] == expected
