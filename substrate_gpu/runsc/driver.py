@@ -134,12 +134,14 @@ def parse_state(container_id: str, stdout: str) -> api.ContainerState:
     )
 
 
-def _has_flag(help_text: str, flag: str) -> bool:
+def has_flag(help_text: str, flag: str) -> bool:
+    """Whether runsc's help text lists ``flag`` (``-leave-running``)."""
     # Go's flag.PrintDefaults lists "  -name type" (one dash); accept two for other printers.
     return re.search(rf"(?m)^\s*--?{re.escape(flag)}\b", help_text) is not None
 
 
-def _has_command(help_text: str, command: str) -> bool:
+def has_command(help_text: str, command: str) -> bool:
+    """Whether runsc's help text lists the subcommand ``command``."""
     # subcommands.ExplainGroup lists "\t<name>  <synopsis>".
     return re.search(rf"(?m)^\s+{re.escape(command)}\b", help_text) is not None
 
@@ -191,10 +193,10 @@ class RunscDriver:
         flags_help = await self._help_text(argv.top_level_flags(self._inv))
         return api.RunscFeatures(
             version=first_line,
-            leave_running=_has_flag(checkpoint_help, "leave-running"),
-            cuda_checkpoint_path=_has_flag(checkpoint_help, "cuda-checkpoint-path"),
-            nvproxy_driver_version=_has_flag(flags_help, "nvproxy-driver-version"),
-            list_supported_drivers=_has_command(commands_help, "nvproxy"),
+            leave_running=has_flag(checkpoint_help, "leave-running"),
+            cuda_checkpoint_path=has_flag(checkpoint_help, "cuda-checkpoint-path"),
+            nvproxy_driver_version=has_flag(flags_help, "nvproxy-driver-version"),
+            list_supported_drivers=has_command(commands_help, "nvproxy"),
         )
 
     async def _help_text(self, args: tuple[str, ...]) -> str:
