@@ -60,7 +60,9 @@ def test_nvproxy_list_supported_drivers_exists(real_runsc: Path) -> None:
 @pytest.mark.anyio
 async def test_driver_detects_every_feature_of_the_real_binary(real_runsc: Path) -> None:
     """Feature detection through RunscDriver finds all of them on the real runsc."""
-    runtime = driver.RunscDriver(driver.RunscConfig(root=Path("/nonexistent"), runsc=str(real_runsc)))
+    runtime = driver.RunscDriver(
+        driver.RunscConfig(root=Path("/nonexistent"), runsc=str(real_runsc))
+    )
     features = await runtime.features()
     assert features.version.startswith("runsc version ")
     assert features.leave_running
