@@ -92,7 +92,9 @@ _STATUSES: frozenset[str] = frozenset(get_args(api.ContainerStatus))
 #: cannot be loaded, or is not running. Anchored on runsc's wording so a command that
 #: merely prints "not found" is not mistaken for runsc failing.
 _RUNSC_OWN_FAILURE = re.compile(
-    r"^(?:loading container: |.*cannot execute in container \"[^\"]*\" in state )",
+    r"^(?:(?:FetchSpec failed: )?loading container: "
+    r"|executing processes for container: "
+    r"|.*cannot execute in container \"[^\"]*\" in state )",
     re.IGNORECASE | re.MULTILINE,
 )
 
@@ -125,8 +127,10 @@ def parse_state(container_id: str, stdout: str) -> api.ContainerState:
         raise bad("no string 'id'")
     if not isinstance(status, str) or status not in _STATUSES:
         raise bad(f"an unknown 'status' {status!r} (expected one of {sorted(_STATUSES)})")
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid < 0:
+    # runsc reports a stopped container's pid as -1 (runc as 0): both mean "no process".
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid < -1:
         raise bad(f"an invalid 'pid' {pid!r}")
+    pid = max(pid, 0)
     if not isinstance(bundle, str):
         raise bad("no string 'bundle'")
     return api.ContainerState(

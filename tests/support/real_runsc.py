@@ -66,6 +66,10 @@ def list_ids(runsc: Path, root: Path) -> list[str]:
 
 
 def delete_all(runsc: Path, root: Path) -> None:
-    """Force-delete every container under ``root`` (fixture teardown)."""
+    """Force-delete every container under ``root``, then unmount the network namespace
+    runsc keeps mounted at ``<root>/null-netns`` for ``--network=none`` (fixture teardown)."""
     for container_id in list_ids(runsc, root):
         run(runsc, root, "delete", "--force", container_id, check=False)
+    netns = root / "null-netns"
+    if netns.exists():
+        subprocess.run(["umount", "-l", str(netns)], capture_output=True, check=False)
