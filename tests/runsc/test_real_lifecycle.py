@@ -31,7 +31,7 @@ from substrate_gpu.simulation import node as node_
 
 pytestmark = [pytest.mark.anyio]
 
-COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.02; done"
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"
 
 
 async def _no_gpu(bundle: Path) -> int:
@@ -100,7 +100,7 @@ async def test_a_cpu_actor_lives_suspends_and_restores_with_its_memory(gvisor: G
         await _start(agent, "cpu-1", bundle)
         await agent.wait_for_state("cpu-1", "running", timeout=30)
         assert (await gvisor.runtime.state("cpu-1")).status == "running"
-        before = await _count_reaches(gvisor, "cpu-1", 30)
+        before = await _count_reaches(gvisor, "cpu-1", 10)
 
         await agent.submit(events.SuspendRequested(actor_id="cpu-1"))
         await agent.wait_for_state("cpu-1", "suspended", timeout=30)
@@ -117,7 +117,7 @@ async def test_a_cpu_actor_lives_suspends_and_restores_with_its_memory(gvisor: G
         await agent.wait_for_state("cpu-1", "running", timeout=30)
         after = await gvisor.count("cpu-1")
         assert after >= before  # from the image's memory, not from zero
-        assert await _count_reaches(gvisor, "cpu-1", after + 5) > after  # and it still counts
+        assert await _count_reaches(gvisor, "cpu-1", after + 2) > after  # and it still counts
 
         await agent.submit(events.DeleteRequested(actor_id="cpu-1"))
         await agent.wait_for_state("cpu-1", "deleted", timeout=30)

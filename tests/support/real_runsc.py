@@ -59,10 +59,10 @@ def run(
 
 
 def list_ids(runsc: Path, root: Path) -> list[str]:
-    """``runsc list -q``: every container id under ``root``."""
+    """``runsc list --quiet`` (runsc has no ``-q``): every container id under ``root``."""
     if not root.exists():
         return []
-    return run(runsc, root, "list", "-q", check=False).stdout.split()
+    return run(runsc, root, "list", "--quiet").stdout.split()
 
 
 def delete_all(runsc: Path, root: Path) -> None:
