@@ -25,11 +25,12 @@ cache=${SUBSTRATE_GPU_CACHE:-/var/cache/substrate-gpu}/runsc/$version
 bin=$cache/runsc
 
 if [ -x "$bin" ] && [ -f "$bin.sha256" ]; then
-    if (cd "$cache" && sha256sum --quiet -c runsc.sha256); then
+    if (cd "$cache" && sha256sum --quiet -c runsc.sha256) \
+        && "$bin" --version 2>/dev/null | grep -qx "runsc version $version"; then
         echo "$bin"
         exit 0
     fi
-    echo "build-runsc: cached $bin does not match its recorded sha256; rebuilding" >&2
+    echo "build-runsc: cached $bin does not match its recorded sha256 or version; rebuilding" >&2
 fi
 
 command -v go >/dev/null || {
@@ -57,8 +58,14 @@ cp -R "$dir" "$work/src"
 chmod -R u+w "$work/src"
 
 echo "build-runsc: building runsc (CGO_ENABLED=0; several minutes on a cold Go cache)" >&2
-(cd "$work/src" && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod go build -trimpath -o "$work/runsc" ./runsc)
-"$work/runsc" --version >/dev/null
+# -X: `runsc --version` names the pinned version (a plain `go build` says VERSION_MISSING);
+# the checkpoint manifest records it.
+(cd "$work/src" && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod go build -trimpath \
+    -ldflags "-X gvisor.dev/gvisor/runsc/version.version=$version" -o "$work/runsc" ./runsc)
+"$work/runsc" --version | grep -qx "runsc version $version" || {
+    echo "build-runsc: the built runsc does not report version $version" >&2
+    exit 1
+}
 
 (cd "$work" && sha256sum runsc >runsc.sha256)
 mv "$work/runsc.sha256" "$bin.sha256.new"

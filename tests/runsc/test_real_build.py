@@ -25,7 +25,7 @@ def test_the_built_runsc_runs_and_names_its_version(real_runsc: Path) -> None:
     out = subprocess.run(
         [str(real_runsc), "--version"], capture_output=True, text=True, check=True, timeout=30
     )
-    assert out.stdout.startswith("runsc version ")
+    assert out.stdout.splitlines()[0] == f"runsc version {real_runsc_.pinned_version()}"
 
 
 def test_a_second_build_reuses_the_cached_binary_after_checking_its_sha256(
