@@ -138,6 +138,12 @@ def parse_state(container_id: str, stdout: str) -> api.ContainerState:
     )
 
 
+def parse_driver_list(stdout: str) -> tuple[str, ...]:
+    """``runsc nvproxy list-supported-drivers`` output: one version a line, gVisor's
+    *supported* tier only (known-but-unqualified ABIs are not listed)."""
+    return tuple(ln.strip() for ln in stdout.splitlines() if ln.strip())
+
+
 def has_flag(help_text: str, flag: str) -> bool:
     """Whether runsc's help text lists ``flag`` (``-leave-running``)."""
     # Go's flag.PrintDefaults lists "  -name type" (one dash); accept two for other printers.
@@ -233,7 +239,7 @@ class RunscDriver:
                 stderr="",
             )
         result = await self._run(args, timeout=self.config.timeouts.detect, doing=doing)
-        return tuple(ln.strip() for ln in result.stdout.splitlines() if ln.strip())
+        return parse_driver_list(result.stdout)
 
     # -- container lifecycle --------------------------------------------------------------
 
