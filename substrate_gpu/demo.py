@@ -8,6 +8,10 @@ nodes that a workload can really hold open, real ELF driver libraries.
 
 The runtime is chosen, and said:
 
+- **root, runc and real runsc built here** (``scripts/build-runsc.sh``, or
+  ``$SUBSTRATE_GPU_RUNSC``): the CPU actor runs in **real gVisor** (``--platform=systrap
+  --network=none``), real checkpoint and restore included (:class:`CpuOnGvisor`); the GPU
+  actors stay on the stand-in below (no NVIDIA driver here: nvproxy cannot start), labelled.
 - **root and runc present**: the runsc driver drives the runsc stand-in
   (:mod:`substrate_gpu.testing.runsc`, installed as a ``runsc`` script on the node),
   which runs every sandbox as a real runc container and fails a checkpoint exactly as
@@ -114,10 +118,98 @@ class DemoNode:
     node: node_.SimulatedNode
     components: Components
     runtime: str
-    """``runc`` or ``simulated``."""
+    """``gvisor`` (CPU actor in real gVisor, GPU actors on the stand-in), ``runc`` or
+    ``simulated``."""
     runtime_detail: str
     """Which runtime, and why (printed)."""
     config: AgentConfig
+
+
+#: Global flags for real runsc here (docs/runsc.md, "Flags on this machine").
+GVISOR_FLAGS: Final = ("--platform=systrap", "--network=none")
+
+
+def find_built_runsc() -> Path | None:
+    """Real runsc: ``$SUBSTRATE_GPU_RUNSC``, else the newest build in the cache of
+    ``scripts/build-runsc.sh`` (one with its recorded sha256), else None."""
+    override = os.environ.get("SUBSTRATE_GPU_RUNSC")
+    if override:
+        path = Path(override)
+        return path if path.is_file() and os.access(path, os.X_OK) else None
+    cache = Path(os.environ.get("SUBSTRATE_GPU_CACHE", "/var/cache/substrate-gpu")) / "runsc"
+    built = sorted(
+        (p for p in cache.glob("*/runsc") if (p.parent / "runsc.sha256").is_file()),
+        key=lambda p: p.stat().st_mtime,
+    )
+    return built[-1] if built and os.access(built[-1], os.X_OK) else None
+
+
+class CpuOnGvisor(driver.RunscDriver):
+    """The demo's runtime with real runsc at hand: a sandbox created or restored without
+    ``--nvproxy`` (a CPU actor) runs in real gVisor; GPU sandboxes go to the stand-in this
+    driver was built for. Every later command follows the sandbox to where it lives.
+
+    ``features()`` and the driver list are the stand-in's (they serve the GPU paths), so a
+    CPU checkpoint's manifest names the stand-in's version: a demo-only limit."""
+
+    def __init__(self, standin: driver.RunscConfig, gvisor: driver.RunscConfig) -> None:
+        super().__init__(standin)
+        self.gvisor = driver.RunscDriver(gvisor)
+        self.in_gvisor: set[str] = set()
+        """Container ids living in real gVisor."""
+
+    async def create(self, container_id: str, bundle: Path, *, nvproxy: bool) -> None:
+        if nvproxy:
+            return await super().create(container_id, bundle, nvproxy=True)
+        self.in_gvisor.add(container_id)
+        return await self.gvisor.create(container_id, bundle, nvproxy=False)
+
+    async def restore(
+        self, container_id: str, bundle: Path, image_path: Path, *, nvproxy: bool
+    ) -> None:
+        if nvproxy:
+            return await super().restore(container_id, bundle, image_path, nvproxy=True)
+        self.in_gvisor.add(container_id)
+        return await self.gvisor.restore(container_id, bundle, image_path, nvproxy=False)
+
+    async def start(self, container_id: str) -> None:
+        if container_id in self.in_gvisor:
+            return await self.gvisor.start(container_id)
+        return await super().start(container_id)
+
+    async def checkpoint(
+        self,
+        container_id: str,
+        image_path: Path,
+        *,
+        leave_running: bool,
+        cuda_checkpoint_path: Path | None = None,
+    ) -> None:
+        if container_id in self.in_gvisor:
+            return await self.gvisor.checkpoint(
+                container_id, image_path, leave_running=leave_running
+            )
+        return await super().checkpoint(
+            container_id,
+            image_path,
+            leave_running=leave_running,
+            cuda_checkpoint_path=cuda_checkpoint_path,
+        )
+
+    async def state(self, container_id: str) -> runsc.ContainerState:
+        if container_id in self.in_gvisor:
+            return await self.gvisor.state(container_id)
+        return await super().state(container_id)
+
+    async def kill(self, container_id: str, signal: str = "KILL") -> None:
+        if container_id in self.in_gvisor:
+            return await self.gvisor.kill(container_id, signal)
+        return await super().kill(container_id, signal)
+
+    async def delete(self, container_id: str, *, force: bool = False) -> None:
+        if container_id in self.in_gvisor:
+            return await self.gvisor.delete(container_id, force=force)
+        return await super().delete(container_id, force=force)
 
 
 def choose_runtime() -> tuple[str | None, str]:
@@ -164,19 +256,35 @@ def build_demo_node(
     injector = wiring.build_injector(config)
     runtime: runsc.SandboxRuntime
     probe: CudaContextProbe
+    gvisor = find_built_runsc() if runc is not None else None
     if runc is not None:
         config.runsc_root.mkdir(parents=True, exist_ok=True)
-        runtime = driver.RunscDriver(
-            driver.RunscConfig(
-                root=config.runsc_root,
-                runsc=config.runsc,
-                timeouts=driver.Timeouts(
-                    create=30, start=15, checkpoint=30, restore=30, state=10, delete=20
+        timeouts = driver.Timeouts(
+            create=30, start=15, checkpoint=30, restore=30, state=10, delete=20
+        )
+        standin = driver.RunscConfig(root=config.runsc_root, runsc=config.runsc, timeouts=timeouts)
+        if gvisor is not None:
+            runtime = CpuOnGvisor(
+                standin,
+                driver.RunscConfig(
+                    root=workdir / "gvisor-root",
+                    runsc=str(gvisor),
+                    global_flags=GVISOR_FLAGS,
+                    timeouts=timeouts,
                 ),
             )
-        )
+            kind = "gvisor"
+            version = subprocess.run(
+                [str(gvisor), "--version"], capture_output=True, text=True, check=False
+            ).stdout.split("\n", 1)[0]
+            detail = (
+                f"CPU actor: REAL gVisor ({version}, {' '.join(GVISOR_FLAGS)}), real "
+                f"checkpoint/restore; GPU actors: {detail} (no GPU here: stand-in)"
+            )
+        else:
+            runtime = driver.RunscDriver(standin)
+            kind = "runc"
         probe = FdScanProbe()
-        kind = "runc"
     else:
         simulated = sandboxes.SimulatedSandboxes()
         runtime, probe, kind = simulated, simulated, "simulated"
@@ -250,6 +358,22 @@ class Script:
         self._say(f"  inside {actor_id}'s sandbox (runsc exec):")
         for line in (result.stdout + result.stderr).splitlines():
             self._say(f"    {line}")
+
+    def show_gvisor_checkpoint(self, actor_id: str) -> None:
+        """Say where a real gVisor checkpoint of ``actor_id`` lies, and how big it is."""
+        runtime = self._components.runtime
+        view = self.agent.actor(actor_id)
+        if (
+            self._say is None
+            or not isinstance(runtime, CpuOnGvisor)
+            or actor_id not in runtime.in_gvisor
+            or view is None
+            or view.checkpoint is None
+        ):
+            return
+        files = sorted(p for p in Path(view.checkpoint).iterdir() if p.suffix == ".img")
+        sizes = ", ".join(f"{p.name} {p.stat().st_size:,} B" for p in files)
+        self._say(f"  {actor_id}: real gVisor checkpoint in {view.checkpoint}: {sizes}")
 
     async def live_clients(self, actor_id: str) -> tuple[GpuClient, ...]:
         """What the probe sees in the actor's sandbox now."""
@@ -327,6 +451,7 @@ async def between_workloads(script: Script, bundle: Path, *, gpu: bool) -> None:
         await script.show_actor_view(actor)
     if await script.suspend(actor) != "suspended":
         raise exceptions.SubstrateGpuError(f"while running the demo: {actor} did not suspend")
+    script.show_gvisor_checkpoint(actor)
     await script.restore_and_delete(actor)
 
 
@@ -456,7 +581,22 @@ def main(workdir: Path | None, out: TextIO) -> DemoResult:
 
 
 def cleanup_containers(workdir: Path) -> None:
-    """Force-delete any runc container the demo left behind (after a failure)."""
+    """Force-delete any container the demo left behind (after a failure), in runc and in
+    real gVisor (whose ``--network=none`` namespace mount is dropped too)."""
+    gvisor, gvisor_root = find_built_runsc(), workdir / "gvisor-root"
+    if gvisor is not None and gvisor_root.is_dir():
+        flags = (str(gvisor), "--root", str(gvisor_root), *GVISOR_FLAGS)
+        listed = subprocess.run(
+            [*flags, "list", "--quiet"], capture_output=True, text=True, check=False
+        )
+        for container_id in listed.stdout.split():
+            subprocess.run(
+                [*flags, "delete", "--force", container_id], capture_output=True, check=False
+            )
+        if (gvisor_root / "null-netns").exists():
+            subprocess.run(
+                ["umount", "-l", str(gvisor_root / "null-netns")], capture_output=True, check=False
+            )
     runc = shutil.which("runc")
     root = workdir / "runsc-root"
     if runc is None or not root.is_dir():

@@ -12,6 +12,13 @@ Three questions, each a pure decision on plain facts, with thin readers beside t
   (``driver version … not found in abis map``), onto **fewer GPUs** fails when the saved
   device files are reopened. The :class:`CheckpointManifest` written next to the image
   records both; :func:`check_restore` compares them with the host.
+- **Does this CPU have what the image's CPU had?** A gVisor snapshot is tied to the
+  checkpointing host's CPU features (agent-substrate #1657): the sentry saved state (and
+  the application's code paths) assuming them. Every checkpoint's manifest records the
+  host's ``/proc/cpuinfo`` flags; :func:`check_cpu_features` refuses a restore onto a host
+  lacking any of them, naming them, before runsc runs. The manifest also records the runsc
+  version and the GPUs' models and UUIDs (``/proc/driver/nvidia/gpus/*/information``), so an
+  image says where it came from.
 - **Can cuda-checkpoint work?** It needs driver ≥ 550 (``--toggle``); the separate
   ``--action lock|checkpoint|restore|unlock`` and ``--timeout`` arrived with 570.
 
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, Protocol, cast
@@ -40,8 +48,15 @@ PROC_VERSION = Path("/proc/driver/nvidia/version")
 #: Next to ``checkpoint.img`` in the image directory.
 MANIFEST_NAME = "substrate-gpu-manifest.json"
 
-#: The manifest format; bumped on incompatible changes.
-MANIFEST_SCHEMA = 1
+#: The manifest format; bumped on incompatible changes. Schema 1 (driver, GPU count, CUDA
+#: route only) is still read: its image's host CPU is unknown, so its restore is unchecked.
+MANIFEST_SCHEMA = 2
+_READABLE_SCHEMAS = frozenset({1, MANIFEST_SCHEMA})
+
+#: The CPU's feature flags (x86 ``flags``, arm64 ``Features``).
+PROC_CPUINFO = Path("/proc/cpuinfo")
+#: One directory per GPU, each with an ``information`` file (``Model:``, ``GPU UUID:``).
+PROC_NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 #: cuda-checkpoint's minimum driver (``--toggle``).
 CUDA_CHECKPOINT_MIN_DRIVER = 550
@@ -56,6 +71,7 @@ RefusalCode = Literal[
     "driver-too-old",
     "restore-other-driver",
     "restore-fewer-gpus",
+    "restore-cpu-features",
 ]
 
 # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 …" (proprietary),
@@ -92,11 +108,23 @@ class HostGpuFacts:
 
 
 @dataclass(frozen=True)
+class GpuIdentity:
+    """One GPU of the checkpointing host, as the driver names it."""
+
+    model: str
+    """``Tesla T4``."""
+    uuid: str
+    """``GPU-…``."""
+
+
+@dataclass(frozen=True)
 class CheckpointManifest:
-    """What a GPU checkpoint needs from the node it is restored on; stored beside the image."""
+    """Where a checkpoint came from and what it needs from the node it is restored on;
+    stored beside the image (every checkpoint, CPU and GPU)."""
 
     driver_version: str
-    """The driver the sandbox ran on (nvproxy's ABI is tied to it)."""
+    """The driver the sandbox ran on (nvproxy's ABI is tied to it); empty for a CPU actor
+    on a node without a readable driver."""
     gpu_count: int
     """GPUs the sandbox held; a restore needs at least as many."""
     cuda_state_included: bool
@@ -104,6 +132,12 @@ class CheckpointManifest:
     without contexts."""
     route: str = ""
     """How it was suspended (``runsc-cuda-checkpoint``, ``exec-cuda-checkpoint``, or empty)."""
+    runsc_version: str = ""
+    """``runsc --version``'s first line on the checkpointing host."""
+    cpu_flags: tuple[str, ...] | None = None
+    """The checkpointing host's CPU feature flags, sorted; None: unknown (schema 1)."""
+    gpus: tuple[GpuIdentity, ...] = ()
+    """The checkpointing host's GPUs (model and UUID), in device-minor order."""
     schema: int = MANIFEST_SCHEMA
     """The manifest format."""
 
@@ -126,19 +160,61 @@ class CheckpointManifest:
             raise bad("not a JSON object")
         payload = cast("dict[str, object]", raw)
         schema = payload.get("schema")
-        if schema != MANIFEST_SCHEMA:
-            raise bad(f"unknown schema {schema!r} (this agent reads {MANIFEST_SCHEMA})")
+        if isinstance(schema, bool) or schema not in _READABLE_SCHEMAS:
+            raise bad(f"unknown schema {schema!r} (this agent reads {sorted(_READABLE_SCHEMAS)})")
         version, count = payload.get("driver_version"), payload.get("gpu_count")
         cuda, route = payload.get("cuda_state_included"), payload.get("route", "")
-        if not isinstance(version, str) or not version:
-            raise bad("'driver_version' must be a non-empty string")
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise bad(f"'gpu_count' must be a non-negative integer, not {count!r}")
         if not isinstance(cuda, bool):
             raise bad(f"'cuda_state_included' must be true or false, not {cuda!r}")
+        # A CPU checkpoint may come from a node without a driver.
+        if not isinstance(version, str) or (not version and (count or cuda or schema == 1)):
+            raise bad("'driver_version' must be a non-empty string for a GPU checkpoint")
         if not isinstance(route, str):
             raise bad(f"'route' must be a string, not {route!r}")
-        return cls(driver_version=version, gpu_count=count, cuda_state_included=cuda, route=route)
+        if schema == 1:
+            return cls(
+                driver_version=version,
+                gpu_count=count,
+                cuda_state_included=cuda,
+                route=route,
+                schema=1,
+            )
+        runsc_version = payload.get("runsc_version")
+        if not isinstance(runsc_version, str):
+            raise bad(f"'runsc_version' must be a string, not {runsc_version!r}")
+        return cls(
+            driver_version=version,
+            gpu_count=count,
+            cuda_state_included=cuda,
+            route=route,
+            runsc_version=runsc_version,
+            cpu_flags=(
+                None if (flags := payload.get("cpu_flags")) is None else _cpu_flags(flags, bad)
+            ),
+            gpus=_gpu_list(payload.get("gpus"), bad),
+        )
+
+
+def _cpu_flags(raw: object, bad: Callable[[str], PreflightError]) -> tuple[str, ...]:
+    items = cast("list[object]", raw) if isinstance(raw, list) else None
+    if items is None or not all(isinstance(x, str) and x for x in items):
+        raise bad("'cpu_flags' must be null or a list of non-empty strings")
+    return tuple(cast("list[str]", items))
+
+
+def _gpu_list(raw: object, bad: Callable[[str], PreflightError]) -> tuple[GpuIdentity, ...]:
+    if not isinstance(raw, list):
+        raise bad("'gpus' must be a list of {model, uuid} objects")
+    gpus = []
+    for i, item in enumerate(cast("list[object]", raw)):
+        fields = cast("dict[str, object]", item) if isinstance(item, dict) else {}
+        model, uuid = fields.get("model"), fields.get("uuid")
+        if not isinstance(model, str) or not isinstance(uuid, str):
+            raise bad(f"'gpus[{i}]' must be an object with string 'model' and 'uuid'")
+        gpus.append(GpuIdentity(model=model, uuid=uuid))
+    return tuple(gpus)
 
 
 # -- pure decisions -------------------------------------------------------------------------
@@ -218,6 +294,44 @@ def check_cuda_checkpoint_driver(version: str, *, need_actions: bool = False) ->
     )
 
 
+def parse_cpu_flags(cpuinfo: str) -> tuple[str, ...]:
+    """The CPU feature flags in ``/proc/cpuinfo`` text, sorted (x86 ``flags``, arm64
+    ``Features``; the first processor's line: the kernel reports the common set)."""
+    match = re.search(r"^(?:flags|Features)\s*:(.*)$", cpuinfo, re.MULTILINE)
+    return tuple(sorted(set(match.group(1).split()))) if match else ()
+
+
+def parse_gpu_information(text: str) -> tuple[int, GpuIdentity] | None:
+    """``(device minor, identity)`` from one ``/proc/driver/nvidia/gpus/<bus>/information``
+    file, or None when it names no model or UUID."""
+    fields = {
+        key.strip(): value.strip()
+        for key, sep, value in (line.partition(":") for line in text.splitlines())
+        if sep
+    }
+    model, uuid = fields.get("Model", ""), fields.get("GPU UUID", "")
+    if not model or not uuid:
+        return None
+    minor = fields.get("Device Minor", "")
+    return (int(minor) if minor.isdigit() else 0), GpuIdentity(model=model, uuid=uuid)
+
+
+def check_cpu_features(manifest: CheckpointManifest, host_flags: tuple[str, ...]) -> Refusal | None:
+    """Refuse restoring an image whose host CPU had features this one lacks (None: fine, or
+    the image's CPU is unknown)."""
+    if manifest.cpu_flags is None:
+        return None
+    missing = sorted(set(manifest.cpu_flags) - set(host_flags))
+    if not missing:
+        return None
+    return Refusal(
+        "restore-cpu-features",
+        f"the checkpoint was taken on a CPU with feature(s) this node's CPU lacks: "
+        f"{', '.join(missing)}; a gVisor snapshot is tied to its host's CPU features: restore "
+        "on a node whose CPU has them (same CPU model or newer) — refused before runsc ran",
+    )
+
+
 def check_restore(manifest: CheckpointManifest, host: HostGpuFacts) -> Refusal | None:
     """Refuse restoring ``manifest``'s checkpoint on ``host``: another driver, fewer GPUs."""
     if manifest.gpu_count == 0 and not manifest.cuda_state_included:
@@ -271,6 +385,32 @@ def host_facts(
     if isinstance(decided, Refusal):
         return decided
     return HostGpuFacts(driver_version=decided, gpu_count=len(devices.detect_gpus(dev_root)))
+
+
+def read_cpu_flags(path: Path = PROC_CPUINFO) -> tuple[str, ...]:
+    """This host's CPU feature flags (:class:`PreflightError` when cpuinfo is unreadable)."""
+    try:
+        return parse_cpu_flags(path.read_text(encoding="utf-8", errors="replace"))
+    except OSError as e:
+        raise PreflightError(f"while reading the CPU feature flags from {path}: {e}") from e
+
+
+def read_gpu_identities(root: Path = PROC_NVIDIA_GPUS) -> tuple[GpuIdentity, ...]:
+    """This host's GPUs as the driver lists them (empty without a driver)."""
+    try:
+        directories = sorted(root.iterdir())
+    except OSError:
+        return ()
+    found: list[tuple[int, GpuIdentity]] = []
+    for directory in directories:
+        try:
+            text = (directory / "information").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        parsed = parse_gpu_information(text)
+        if parsed is not None:
+            found.append(parsed)
+    return tuple(identity for _, identity in sorted(found, key=lambda item: item[0]))
 
 
 def write_manifest(image_path: Path, manifest: CheckpointManifest) -> Path:

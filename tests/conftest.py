@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
+from support import real_runsc as real_runsc_
 from support.real import missing
 
 
@@ -34,3 +36,16 @@ def runc_path(require_root: None) -> str:
 def anyio_backend() -> str:
     """Run anyio tests on asyncio (the node agent's loop)."""
     return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def real_runsc() -> Path:
+    """The real runsc built by ``scripts/build-runsc.sh`` (skip, or fail under CI, when absent)."""
+    found = real_runsc_.find()
+    if found is None:
+        missing(
+            f"real runsc at {real_runsc_.cached_binary()}",
+            "is not built (run scripts/build-runsc.sh)",
+        )
+        raise AssertionError("unreachable")
+    return found

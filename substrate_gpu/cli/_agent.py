@@ -73,6 +73,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="runsc --root (default: %(default)s)",
     )
     runtime.add_argument(
+        "--runsc-flag",
+        dest="runsc_flags",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a global runsc flag for every command, e.g. --runsc-flag=--platform=systrap "
+        "(repeatable; see docs/runsc.md)",
+    )
+    runtime.add_argument(
         "--driver-root",
         type=Path,
         default=Path(os.environ.get(toolkit.ENV_DRIVER_ROOT) or toolkit.DEFAULT_DRIVER_ROOT),
@@ -128,6 +137,13 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
         raise exceptions.ConfigError(
             f"while reading --metrics-port: {args.metrics_port} is not a port (0-65535)"
         )
+    for flag in args.runsc_flags:
+        # A positional here would become runsc's subcommand (Go's flag stops at it).
+        if not flag.startswith("-"):
+            raise exceptions.ConfigError(
+                f"while reading --runsc-flag: {flag!r} is not a flag "
+                "(write --runsc-flag=--name=value)"
+            )
     return config_.AgentConfig(
         event_log=args.event_log,
         socket=args.socket,
@@ -136,6 +152,7 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
         metrics_port=args.metrics_port,
         runsc=args.runsc,
         runsc_root=args.runsc_root,
+        runsc_flags=tuple(args.runsc_flags),
         driver_root=args.driver_root,
         toolkit_dir=args.toolkit_dir,
         cdi_output_dir=args.cdi_output_dir,

@@ -210,20 +210,29 @@ async def _suspend_route(ctx: EffectContext, actor: ActorView) -> cudackpt.Route
     return await ctx.gpu.route(features, actor.actor_id, actor.suspend_policy)
 
 
-def _write_manifest(gpu: GpuSettings, image: Path, route: str) -> None:
-    """The manifest of a good GPU checkpoint (best effort: without it, restore is unchecked
-    and an exec-route image is not resumed; logged)."""
-    facts = gpu.host_facts()
-    if isinstance(facts, preflight.Refusal):
-        _log.warning("checkpoint has no manifest", image=str(image), reason=facts.reason)
-        return
-    manifest = preflight.CheckpointManifest(
-        driver_version=facts.driver_version,
-        gpu_count=facts.gpu_count,
-        cuda_state_included=bool(route),
-        route=route,
-    )
+def _write_manifest(
+    ctx: EffectContext, actor: ActorView, image: Path, features: runsc.RunscFeatures
+) -> None:
+    """The manifest of a good checkpoint: runsc version, host CPU flags, and for a GPU actor
+    the driver, GPU count and identities (best effort: without it, restore is unchecked and
+    an exec-route image is not resumed; logged)."""
+    driver, count = "", 0
+    if actor.gpu and ctx.gpu is not None:
+        facts = ctx.gpu.host_facts()
+        if isinstance(facts, preflight.Refusal):
+            _log.warning("checkpoint has no manifest", image=str(image), reason=facts.reason)
+            return
+        driver, count = facts.driver_version, facts.gpu_count
     try:
+        manifest = preflight.CheckpointManifest(
+            driver_version=driver,
+            gpu_count=count,
+            cuda_state_included=bool(actor.suspend_route),
+            route=actor.suspend_route,
+            runsc_version=features.version,
+            cpu_flags=preflight.read_cpu_flags(),
+            gpus=preflight.read_gpu_identities() if actor.gpu else (),
+        )
         preflight.write_manifest(image, manifest)
     except preflight.PreflightError as e:
         _log.warning("checkpoint has no manifest", image=str(image), reason=str(e))
@@ -263,8 +272,7 @@ async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) 
             message=_message(e),
             sandbox_survived=await _sandbox_runs(ctx, actor_id),
         )
-    if actor.gpu and ctx.gpu is not None:
-        _write_manifest(ctx.gpu, image, actor.suspend_route)
+    _write_manifest(ctx, actor, image, features)
     # The image is good; the sandbox (resumed by --leave-running, or stopped) must go so the
     # id is free for the restore. A failure here leaves a container the next restore deletes.
     await _delete_quietly(ctx, actor_id)
@@ -279,6 +287,9 @@ async def restore(ctx: EffectContext, actor: ActorView, event: events.Event) -> 
         return events.RestoreFailed(actor_id=actor_id, message="no checkpoint to restore from")
     if actor.sandbox:
         await _delete_quietly(ctx, actor_id)
+    cpu_refusal = _check_cpu_features(actor_id, Path(image))
+    if cpu_refusal is not None:
+        return cpu_refusal
     cuda_route = ""
     if actor.gpu and ctx.gpu is not None:
         try:
@@ -301,6 +312,22 @@ async def restore(ctx: EffectContext, actor: ActorView, event: events.Event) -> 
     return events.Restored(
         actor_id=actor_id, image_path=image, devices=devices, cuda_route=cuda_route
     )
+
+
+def _check_cpu_features(actor_id: str, image: Path) -> events.Event | None:
+    """Refuse, before runsc runs, an image whose host CPU had features this one lacks."""
+    try:
+        manifest = preflight.read_manifest(image)
+        if manifest is None:
+            return None
+        refusal = preflight.check_cpu_features(manifest, preflight.read_cpu_flags())
+    except preflight.PreflightError as e:
+        return events.RestoreFailed(
+            actor_id=actor_id, message=f"while checking the node before restore: {_message(e)}"
+        )
+    if refusal is None:
+        return None
+    return events.RestoreRefused(actor_id=actor_id, code=refusal.code, message=refusal.reason)
 
 
 async def _check_restore(

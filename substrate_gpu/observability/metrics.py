@@ -101,6 +101,7 @@ CHECKPOINT_REFUSAL_REASONS: Final[frozenset[str]] = frozenset(
         "driver-too-old",
         "restore-other-driver",
         "restore-fewer-gpus",
+        "restore-cpu-features",
     }
 )
 """Why the agent refused to checkpoint an actor (before calling runsc)."""

@@ -8,26 +8,35 @@ errors; ``driver`` runs the binary. See ``docs/runsc.md``.
 from __future__ import annotations
 
 from substrate_gpu.runsc.api import (
+    BundleError,
+    CheckpointImageError,
+    ContainerExistsError,
     ContainerNotFoundError,
     ContainerState,
     ContainerStatus,
     ContainerStoppedError,
     LiveNvproxyClientsError,
     NotRestorableError,
+    NvproxyUnavailableError,
     RunscError,
     RunscFeatures,
     SandboxRuntime,
     UnsupportedDriverError,
+    WrongStateError,
 )
 from substrate_gpu.runsc.driver import RunscConfig, RunscDriver, Timeouts
 
 __all__ = [
+    "BundleError",
+    "CheckpointImageError",
+    "ContainerExistsError",
     "ContainerNotFoundError",
     "ContainerState",
     "ContainerStatus",
     "ContainerStoppedError",
     "LiveNvproxyClientsError",
     "NotRestorableError",
+    "NvproxyUnavailableError",
     "RunscConfig",
     "RunscDriver",
     "RunscError",
@@ -35,4 +44,5 @@ __all__ = [
     "SandboxRuntime",
     "Timeouts",
     "UnsupportedDriverError",
+    "WrongStateError",
 ]

@@ -62,13 +62,38 @@ class NotRestorableError(RunscError):
     """Checkpoint failed on an nvproxy object (``nvproxy: object handle … is not restorable``)."""
 
 
-class ContainerStoppedError(RunscError):
-    """The container is stopped (``cannot checkpoint container "<id>" in state stopped``):
+class WrongStateError(RunscError):
+    """The container exists but is in the wrong state for the command
+    (``cannot start container "<id>" in state running``)."""
+
+
+class ContainerStoppedError(WrongStateError):
+    """The container is stopped (``cannot checkpoint container "<id>" in state stopped``), or
+    its sandbox is gone (``connecting to control server at PID <n>: connection refused``):
     typically the aftermath of a failed checkpoint without ``--leave-running``."""
 
 
 class ContainerNotFoundError(RunscError):
-    """runsc does not know the container (``container … does not exist``)."""
+    """runsc does not know the container (``loading container: file does not exist``)."""
+
+
+class ContainerExistsError(RunscError):
+    """The id is taken (``cannot lock container metadata file: container already exists``)."""
+
+
+class BundleError(RunscError):
+    """The OCI bundle cannot be used (``reading spec: error opening spec file …``)."""
+
+
+class CheckpointImageError(RunscError):
+    """The checkpoint image cannot be read (restore: ``opening state file … failed``) or
+    written (checkpoint: ``creating checkpoint state file …``, ``making directories at path
+    provided: …``)."""
+
+
+class NvproxyUnavailableError(RunscError):
+    """nvproxy cannot start: no NVIDIA driver on this host (``failed to get Nvidia driver
+    version: failed to open /dev/nvidiactl``). A GPU sandbox cannot be created here."""
 
 
 class UnsupportedDriverError(RunscError):

@@ -92,7 +92,9 @@ _STATUSES: frozenset[str] = frozenset(get_args(api.ContainerStatus))
 #: cannot be loaded, or is not running. Anchored on runsc's wording so a command that
 #: merely prints "not found" is not mistaken for runsc failing.
 _RUNSC_OWN_FAILURE = re.compile(
-    r"^(?:loading container: |.*cannot execute in container \"[^\"]*\" in state )",
+    r"^(?:(?:FetchSpec failed: )?loading container: "
+    r"|executing processes for container: "
+    r"|.*cannot execute in container \"[^\"]*\" in state )",
     re.IGNORECASE | re.MULTILINE,
 )
 
@@ -125,8 +127,10 @@ def parse_state(container_id: str, stdout: str) -> api.ContainerState:
         raise bad("no string 'id'")
     if not isinstance(status, str) or status not in _STATUSES:
         raise bad(f"an unknown 'status' {status!r} (expected one of {sorted(_STATUSES)})")
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid < 0:
+    # runsc reports a stopped container's pid as -1 (runc as 0): both mean "no process".
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid < -1:
         raise bad(f"an invalid 'pid' {pid!r}")
+    pid = max(pid, 0)
     if not isinstance(bundle, str):
         raise bad("no string 'bundle'")
     return api.ContainerState(
@@ -134,12 +138,20 @@ def parse_state(container_id: str, stdout: str) -> api.ContainerState:
     )
 
 
-def _has_flag(help_text: str, flag: str) -> bool:
+def parse_driver_list(stdout: str) -> tuple[str, ...]:
+    """``runsc nvproxy list-supported-drivers`` output: one version a line, gVisor's
+    *supported* tier only (known-but-unqualified ABIs are not listed)."""
+    return tuple(ln.strip() for ln in stdout.splitlines() if ln.strip())
+
+
+def has_flag(help_text: str, flag: str) -> bool:
+    """Whether runsc's help text lists ``flag`` (``-leave-running``)."""
     # Go's flag.PrintDefaults lists "  -name type" (one dash); accept two for other printers.
     return re.search(rf"(?m)^\s*--?{re.escape(flag)}\b", help_text) is not None
 
 
-def _has_command(help_text: str, command: str) -> bool:
+def has_command(help_text: str, command: str) -> bool:
+    """Whether runsc's help text lists the subcommand ``command``."""
     # subcommands.ExplainGroup lists "\t<name>  <synopsis>".
     return re.search(rf"(?m)^\s+{re.escape(command)}\b", help_text) is not None
 
@@ -191,10 +203,10 @@ class RunscDriver:
         flags_help = await self._help_text(argv.top_level_flags(self._inv))
         return api.RunscFeatures(
             version=first_line,
-            leave_running=_has_flag(checkpoint_help, "leave-running"),
-            cuda_checkpoint_path=_has_flag(checkpoint_help, "cuda-checkpoint-path"),
-            nvproxy_driver_version=_has_flag(flags_help, "nvproxy-driver-version"),
-            list_supported_drivers=_has_command(commands_help, "nvproxy"),
+            leave_running=has_flag(checkpoint_help, "leave-running"),
+            cuda_checkpoint_path=has_flag(checkpoint_help, "cuda-checkpoint-path"),
+            nvproxy_driver_version=has_flag(flags_help, "nvproxy-driver-version"),
+            list_supported_drivers=has_command(commands_help, "nvproxy"),
         )
 
     async def _help_text(self, args: tuple[str, ...]) -> str:
@@ -227,7 +239,7 @@ class RunscDriver:
                 stderr="",
             )
         result = await self._run(args, timeout=self.config.timeouts.detect, doing=doing)
-        return tuple(ln.strip() for ln in result.stdout.splitlines() if ln.strip())
+        return parse_driver_list(result.stdout)
 
     # -- container lifecycle --------------------------------------------------------------
 

@@ -14,10 +14,22 @@ patterns below are taken from gVisor's source, not guessed:
   usual aftermath of a failed checkpoint without ``--leave-running``.
 - ``unsupported Nvidia driver version: <v>`` — ``nvproxy.Init``/``Register``; a restore onto a
   different driver panics with ``driver version "<v>" not found in abis map``.
-- ``loading container: file does not exist`` (runsc) / ``container does not exist`` (runc).
+- ``FetchSpec failed: loading container: file does not exist`` — any command on an unknown
+  id (runc says ``container does not exist``).
+- ``creating container: cannot lock container metadata file: container already exists``.
+- ``FetchSpec failed: reading spec: error opening spec file "<b>/config.json": …`` — a
+  bundle without (or with an unreadable) config.json.
+- ``starting container: opening state file "<dir>/checkpoint.img" failed: …`` — restore
+  from a missing image; ``checkpoint failed: creating checkpoint state file …: file exists``
+  and ``making directories at path provided: …`` — a checkpoint that cannot write its image.
+- ``cannot <verb> container "<id>" in state <status>`` — ``Container.requireStatus``;
+  ``connecting to control server at PID <n>: connection refused`` — the sandbox is gone
+  (a killed sandbox whose status has not caught up yet).
+- ``failed to get Nvidia driver version: failed to open /dev/nvidiactl: …`` — ``--nvproxy``
+  (or a spec with NVIDIA devices) on a host without the NVIDIA driver.
 
-Order matters: the more specific nvproxy patterns are checked before the generic
-"not found", which the ABI-map panic would otherwise match.
+Every one of these texts was read from the runsc that ``scripts/build-runsc.sh`` builds;
+``tests/runsc/test_real_errors.py`` provokes each against it.
 """
 
 from __future__ import annotations
@@ -36,8 +48,17 @@ _RULES: tuple[tuple[str, type[api.RunscError]], ...] = (
     (r"nvproxy\.\w+FD is not restorable", api.NotRestorableError),
     (r"unsupported nvidia driver version", api.UnsupportedDriverError),
     (r"driver version \S+ not found in abis map", api.UnsupportedDriverError),
+    (r"failed to get nvidia driver version", api.NvproxyUnavailableError),
     (r"\bin state stopped\b", api.ContainerStoppedError),
-    (r"does not exist|not found", api.ContainerNotFoundError),
+    (r"connecting to control server at pid \d+: connection refused", api.ContainerStoppedError),
+    (r"\bcannot \w+ container \"[^\"]*\" in state \w+", api.WrongStateError),
+    (r"container already exists|container with id exists", api.ContainerExistsError),
+    (r"reading spec: |error opening spec file", api.BundleError),
+    (
+        r"opening state file |creating checkpoint state file |making directories at path",
+        api.CheckpointImageError,
+    ),
+    (r"loading container: |container does not exist", api.ContainerNotFoundError),
 )
 _COMPILED = tuple((re.compile(p, re.IGNORECASE), cls) for p, cls in _RULES)
 

@@ -33,6 +33,8 @@ class AgentConfig:
     """The runsc executable."""
     runsc_root: Path = DEFAULT_RUNSC_ROOT
     """runsc's ``--root`` state directory."""
+    runsc_flags: tuple[str, ...] = ()
+    """Extra global runsc flags on every command (``--platform=systrap``, ``--network=none``)."""
     driver_root: Path = toolkit.DEFAULT_DRIVER_ROOT
     """The NVIDIA driver root (``ATE_NVIDIA_DRIVER_ROOT``)."""
     toolkit_dir: Path = toolkit.DEFAULT_TOOLKIT_DIR

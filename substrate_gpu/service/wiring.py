@@ -184,7 +184,11 @@ def build_injector(config: AgentConfig, metrics: AgentMetrics | None = None) -> 
 
 def build_collaborators(config: AgentConfig, metrics: AgentMetrics | None = None) -> Collaborators:
     """The production runsc driver, fd probe and GPU injector for ``config``."""
-    runtime = driver.RunscDriver(driver.RunscConfig(root=config.runsc_root, runsc=config.runsc))
+    runtime = driver.RunscDriver(
+        driver.RunscConfig(
+            root=config.runsc_root, runsc=config.runsc, global_flags=config.runsc_flags
+        )
+    )
     return Collaborators(
         runtime=runtime, probe=FdScanProbe(), injector=build_injector(config, metrics)
     )

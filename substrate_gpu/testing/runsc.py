@@ -187,8 +187,8 @@ def load_state(root: str, cid: str) -> dict[str, object]:
     out = runc(root, "state", cid, check=False)
     if out.returncode != 0:
         if "does not exist" in out.stderr:
-            raise Fatal("loading container: file does not exist")
-        raise Fatal(f"loading container: {runc_message(out.stderr)}")
+            raise Fatal("FetchSpec failed: loading container: file does not exist")
+        raise Fatal(f"FetchSpec failed: loading container: {runc_message(out.stderr)}")
     state = json.loads(out.stdout)
     assert isinstance(state, dict)
     return state
@@ -254,8 +254,28 @@ def one_id(rest: list[str], command: str) -> str:
     return rest[0]
 
 
+def exists(root: str, cid: str) -> bool:
+    return runc(root, "state", cid, check=False).returncode == 0
+
+
+def check_bundle(bundle: str) -> None:
+    spec = Path(bundle) / "config.json"
+    try:
+        spec.read_bytes()
+    except OSError as e:
+        raise Fatal(
+            f'FetchSpec failed: reading spec: error opening spec file "{spec}": '
+            f"open {spec}: {(e.strerror or str(e)).lower()}"
+        ) from e
+
+
 def cmd_create(root: str, flags: dict[str, str], rest: list[str], nvproxy: bool) -> None:
     cid = one_id(rest, "create")
+    check_bundle(flags.get("bundle", "."))
+    if exists(root, cid):
+        raise Fatal(
+            "creating container: cannot lock container metadata file: container already exists"
+        )
     check_driver(nvproxy)
     args = ["create", "--bundle", flags.get("bundle", ".")]
     if "pid-file" in flags:
@@ -313,12 +333,21 @@ def cmd_checkpoint(root: str, flags: dict[str, str], rest: list[str]) -> None:
         raise Fatal(f'checkpoint failed: cannot checkpoint container "{cid}" in state {status}')
     leave_running = flags.get("leave-running", "false") == "true"
     image_dir = Path(image_path)
-    image_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        image_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise Fatal(
+            f"making directories at path provided: mkdir {e.filename}: "
+            f"{(e.strerror or str(e)).lower()}"
+        ) from e
     image = image_dir / CHECKPOINT_FILE
     try:
         fd = os.open(image, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
     except OSError as e:
-        raise Fatal(f"os.OpenFile({str(image)!r}) failed: open {image}: {e.strerror}") from e
+        raise Fatal(
+            f'checkpoint failed: creating checkpoint state file "{image}": '
+            f"open {image}: {(e.strerror or str(e)).lower()}"
+        ) from e
     cuda_tool = flags.get("cuda-checkpoint-path")
     cuda_pids: list[int] = []
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -374,9 +403,16 @@ def cmd_restore(root: str, flags: dict[str, str], rest: list[str], nvproxy: bool
     image_path = flags.get("image-path", "")
     if not image_path:
         raise Fatal("image-path flag must be provided")
+    check_bundle(flags.get("bundle", "."))
+    if exists(root, cid):
+        status = load_state(root, cid).get("status")
+        raise Fatal(f'starting container: cannot restore container "{cid}" in state {status}')
     image = Path(image_path) / CHECKPOINT_FILE
     if not image.is_file():
-        raise Fatal(f"restore failed: opening {image}: no such file or directory")
+        raise Fatal(
+            f'starting container: opening state file "{image}" failed: '
+            f"open {image}: no such file or directory"
+        )
     check_driver(nvproxy)
     args = ["create", "--bundle", flags.get("bundle", ".")]
     if "pid-file" in flags:
@@ -394,7 +430,10 @@ def cmd_exec(root: str, flags: dict[str, str], rest: list[str]) -> int:
     cid, command = rest[0], rest[1:]
     status = load_state(root, cid).get("status")
     if status not in ("created", "running"):
-        raise Fatal(f'cannot execute in container "{cid}" in state {status}')
+        raise Fatal(
+            f'executing processes for container: cannot execute in container "{cid}" '
+            f"in state {status}"
+        )
     args = ["exec"]
     if flags.get("detach") == "true":
         args.append("--detach")
@@ -409,7 +448,10 @@ def cmd_state(root: str, rest: list[str]) -> None:
     cid = one_id(rest, "state")
     state = load_state(root, cid)
     keys = ("ociVersion", "id", "status", "pid", "bundle", "annotations")
-    sys.stdout.write(json.dumps({k: state[k] for k in keys if k in state}, indent=2))
+    shown = {k: state[k] for k in keys if k in state}
+    if shown.get("status") == "stopped":
+        shown["pid"] = -1  # runsc's "no process" (runc says 0)
+    sys.stdout.write(json.dumps(shown, indent=2))
 
 
 def cmd_kill(root: str, flags: dict[str, str], rest: list[str]) -> None:
@@ -423,9 +465,14 @@ def cmd_kill(root: str, flags: dict[str, str], rest: list[str]) -> None:
 def cmd_delete(root: str, flags: dict[str, str], rest: list[str]) -> None:
     if not rest:
         raise Usage(USAGES["delete"])
+    force = flags.get("force") == "true"
     for cid in rest:
-        load_state(root, cid)
-        runc(root, "delete", *(["--force"] if flags.get("force") == "true" else []), cid)
+        if force and not exists(root, cid):
+            continue  # runsc: delete --force of an unknown id succeeds
+        status = load_state(root, cid).get("status")
+        if status != "stopped" and not force:
+            raise Fatal("cannot delete container that is not stopped without --force flag")
+        runc(root, "delete", *(["--force"] if force else []), cid)
 
 
 def cmd_ps(root: str, flags: dict[str, str], rest: list[str]) -> None:

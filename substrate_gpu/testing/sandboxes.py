@@ -52,7 +52,7 @@ class SimulatedSandboxes:
         if sandbox is None:
             raise self._error(
                 runsc.ContainerNotFoundError,
-                f"loading container {container_id!r}: file does not exist",
+                "FetchSpec failed: loading container: file does not exist",
             )
         return sandbox
 
@@ -85,7 +85,7 @@ class SimulatedSandboxes:
         sandbox = self._get(container_id)
         if sandbox.status != "created":
             raise self._error(
-                runsc.RunscError,
+                runsc.WrongStateError,
                 f'starting container: cannot start container "{container_id}" '
                 f"in state {sandbox.status}",
             )
@@ -123,8 +123,11 @@ class SimulatedSandboxes:
         self, container_id: str, bundle: Path, image_path: Path, *, nvproxy: bool
     ) -> None:
         if not (image_path / "checkpoint.img").is_file():
+            image = image_path / "checkpoint.img"
             raise self._error(
-                runsc.RunscError, f"restore failed: opening {image_path}/checkpoint.img"
+                runsc.CheckpointImageError,
+                f'starting container: opening state file "{image}" failed: '
+                f"open {image}: no such file or directory",
             )
         self._new(container_id, bundle, "running")
 
@@ -141,7 +144,10 @@ class SimulatedSandboxes:
     async def delete(self, container_id: str, *, force: bool = False) -> None:
         sandbox = self._get(container_id)
         if sandbox.status == "running" and not force:
-            raise self._error(runsc.RunscError, f"cannot delete running container {container_id}")
+            raise self._error(
+                runsc.RunscError,
+                "cannot delete container that is not stopped without --force flag",
+            )
         del self._sandboxes[container_id]
 
     async def live_clients(self, pids: tuple[int, ...]) -> tuple[GpuClient, ...]:

@@ -25,10 +25,26 @@ def ran(tmp_path_factory: pytest.TempPathFactory, runc_path: str):
 
 
 def test_it_runs_on_real_runc_and_says_so(ran):
-    """As root with runc, the runtime is the runsc stand-in over real runc, and it is printed."""
+    """As root with runc, the GPU actors run on the runsc stand-in over real runc, and it is
+    printed."""
     result, output, _ = ran
-    assert result.runtime == "runc"
-    assert "runtime: runsc driver -> runsc stand-in -> real runc" in output
+    assert result.runtime in {"runc", "gvisor"}
+    assert "runsc driver -> runsc stand-in -> real runc" in output
+
+
+def test_with_real_runsc_the_cpu_actor_runs_in_gvisor_and_says_so(ran, real_runsc):
+    """With the runsc build-runsc.sh made, cpu-sandbox lives in real gVisor, including a real
+    checkpoint image (pages on disk) and restore, and the output says so; GPU actors are
+    labelled as on the stand-in."""
+    result, output, _ = ran
+    assert result.runtime == "gvisor"
+    assert "CPU actor: REAL gVisor" in output
+    assert "GPU actors: runsc driver -> runsc stand-in" in output
+    assert "cpu-sandbox: real gVisor checkpoint in" in output
+    assert "pages.img" in output
+    cpu = [(t.source, t.dest) for t in result.transitions if t.actor_id == "cpu-sandbox"]
+    assert ("checkpointing", "suspended") in cpu
+    assert ("restoring", "running") in cpu
 
 
 def test_suspend_is_refused_while_the_context_is_live(ran):

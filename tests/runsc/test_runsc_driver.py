@@ -164,6 +164,7 @@ async def test_unsupported_driver_on_create(
 ) -> None:
     """nvproxy refusing the host driver maps to UnsupportedDriverError."""
     monkeypatch.setenv("RUNSC_STANDIN_HOST_DRIVER", "999.1.2")
+    (tmp_path / "config.json").write_text("{}")  # runsc reads the spec before booting nvproxy
     with pytest.raises(api.UnsupportedDriverError, match="while creating container a1"):
         await make_driver().create("a1", tmp_path, nvproxy=True)
 

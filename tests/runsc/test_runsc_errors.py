@@ -57,6 +57,57 @@ CASES = [
     pytest.param(
         "loading container: file does not exist", api.ContainerNotFoundError, id="runsc-not-found"
     ),
+    # The texts below were captured from the pinned real runsc (scripts/runsc.version).
+    pytest.param(
+        "FetchSpec failed: loading container: file does not exist",
+        api.ContainerNotFoundError,
+        id="real-unknown-container",
+    ),
+    pytest.param(
+        "creating container: cannot lock container metadata file: container already exists",
+        api.ContainerExistsError,
+        id="real-id-exists",
+    ),
+    pytest.param(
+        'FetchSpec failed: reading spec: error opening spec file "/b/config.json": '
+        "open /b/config.json: no such file or directory",
+        api.BundleError,
+        id="real-bad-bundle",
+    ),
+    pytest.param(
+        'starting container: opening state file "/i/checkpoint.img" failed: '
+        "open /i/checkpoint.img: no such file or directory",
+        api.CheckpointImageError,
+        id="real-restore-missing-image",
+    ),
+    pytest.param(
+        'checkpoint failed: creating checkpoint state file "/i/checkpoint.img": '
+        "open /i/checkpoint.img: file exists",
+        api.CheckpointImageError,
+        id="real-checkpoint-image-exists",
+    ),
+    pytest.param(
+        "making directories at path provided: mkdir /f: not a directory",
+        api.CheckpointImageError,
+        id="real-checkpoint-unwritable",
+    ),
+    pytest.param(
+        'starting container: cannot start container "a1" in state running',
+        api.WrongStateError,
+        id="real-start-running",
+    ),
+    pytest.param(
+        'checkpoint failed: checkpointing container "a1": connecting to control server at '
+        "PID 20285: connection refused",
+        api.ContainerStoppedError,
+        id="real-sandbox-gone",
+    ),
+    pytest.param(
+        "creating container: cannot create sandbox: cannot create sandbox process: failed to "
+        "get Nvidia driver version: failed to open /dev/nvidiactl: no such file or directory",
+        api.NvproxyUnavailableError,
+        id="real-nvproxy-without-driver",
+    ),
     pytest.param(
         'time="2026-01-01T00:00:00Z" level=error msg="container does not exist"',
         api.ContainerNotFoundError,

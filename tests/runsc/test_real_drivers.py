@@ -1,0 +1,53 @@
+"""Driver preflight on the real ``runsc nvproxy list-supported-drivers`` output (captured
+from the pinned build in tests/data/runsc/list-supported-drivers.txt), with gVisor's tiers:
+*supported* (listed), *unsupported* (a known ABI, not listed: runsc refuses it without
+``--nvproxy-allow-unsupported-driver``) and *unknown* (no ABI at all)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from substrate_gpu import preflight
+from substrate_gpu.runsc import driver
+
+CAPTURED = Path(__file__).resolve().parents[1] / "data" / "runsc" / "list-supported-drivers.txt"
+LISTED = driver.parse_driver_list(CAPTURED.read_text())
+
+
+def test_the_captured_list_is_one_version_a_line() -> None:
+    """25 supported drivers, from the 535 to the 620 branch, every line a version."""
+    assert len(LISTED) == 25
+    assert (LISTED[0], LISTED[-1]) == ("535.129.03", "620.06.00")
+    assert all(v.count(".") == 2 for v in LISTED)
+
+
+def test_a_supported_tier_driver_passes_preflight() -> None:
+    """580.65.06 (the T4 nodes' driver) is listed: no refusal."""
+    assert preflight.check_driver_supported("580.65.06", LISTED) is None
+
+
+@pytest.mark.parametrize(
+    ("version", "hint"),
+    [
+        # gVisor knows 580.95.05's ABI (version.go) but does not list it: the unsupported tier.
+        pytest.param("580.95.05", "580.65.06", id="unsupported-tier-names-its-branch"),
+        pytest.param("999.1.2", "none of the 999 branch", id="unknown"),
+    ],
+)
+def test_unlisted_drivers_are_refused_before_any_sandbox(version: str, hint: str) -> None:
+    """Both tiers runsc would refuse are refused first, naming what is supported."""
+    refusal = preflight.check_driver_supported(version, LISTED)
+    assert refusal is not None and refusal.code == "driver-unsupported"
+    assert hint in refusal.reason
+
+
+@pytest.mark.anyio
+async def test_the_real_runsc_lists_exactly_the_captured_drivers(real_runsc: Path) -> None:
+    """The test data is what the pinned runsc prints (re-capture it when the pin moves)."""
+    runtime = driver.RunscDriver(
+        driver.RunscConfig(root=Path("/nonexistent"), runsc=str(real_runsc))
+    )
+    assert await runtime.list_supported_drivers() == LISTED
+    assert await preflight.supported_drivers(runtime) == LISTED

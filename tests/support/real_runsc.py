@@ -1,0 +1,75 @@
+"""Finding the real runsc that ``scripts/build-runsc.sh`` builds, and how tests run it.
+
+The binary lives outside the work tree, under
+``${SUBSTRATE_GPU_CACHE:-/var/cache/substrate-gpu}/runsc/<pinned version>/runsc`` (the pin is
+``scripts/runsc.version``); ``SUBSTRATE_GPU_RUNSC`` overrides the path. Tests skip without
+it, and fail under ``SUBSTRATE_GPU_REQUIRE_REAL=1`` (see ``tests/conftest.py``).
+
+:data:`GLOBAL_FLAGS` are the flags every sandbox command gets on this machine; each one's
+reason is in docs/runsc.md ("Flags on this machine").
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PIN = REPO / "scripts" / "runsc.version"
+BUILD_SCRIPT = REPO / "scripts" / "build-runsc.sh"
+
+#: systrap: the platform that needs no KVM and no ptrace tricks; network=none: actors here
+#: need no network, and it spares runsc the host netns setup. See docs/runsc.md.
+GLOBAL_FLAGS: tuple[str, ...] = ("--platform=systrap", "--network=none")
+
+
+def pinned_version() -> str:
+    """The gVisor version ``scripts/runsc.version`` pins."""
+    for line in PIN.read_text(encoding="utf-8").splitlines():
+        if line.startswith("version="):
+            return line.removeprefix("version=").strip()
+    raise AssertionError(f"{PIN} has no version= line")
+
+
+def cached_binary() -> Path:
+    """Where ``scripts/build-runsc.sh`` puts the pinned runsc."""
+    cache = Path(os.environ.get("SUBSTRATE_GPU_CACHE", "/var/cache/substrate-gpu"))
+    return cache / "runsc" / pinned_version() / "runsc"
+
+
+def find() -> Path | None:
+    """The real runsc binary, or None when it has not been built here."""
+    override = os.environ.get("SUBSTRATE_GPU_RUNSC")
+    path = Path(override) if override else cached_binary()
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def run(
+    runsc: Path, root: Path, *args: str, check: bool = True, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``runsc --root ROOT <GLOBAL_FLAGS> ARGS…`` as a plain subprocess (test plumbing)."""
+    return subprocess.run(
+        [str(runsc), "--root", str(root), *GLOBAL_FLAGS, *args],
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=timeout,
+    )
+
+
+def list_ids(runsc: Path, root: Path) -> list[str]:
+    """``runsc list --quiet`` (runsc has no ``-q``): every container id under ``root``."""
+    if not root.exists():
+        return []
+    return run(runsc, root, "list", "--quiet").stdout.split()
+
+
+def delete_all(runsc: Path, root: Path) -> None:
+    """Force-delete every container under ``root``, then unmount the network namespace
+    runsc keeps mounted at ``<root>/null-netns`` for ``--network=none`` (fixture teardown)."""
+    for container_id in list_ids(runsc, root):
+        run(runsc, root, "delete", "--force", container_id, check=False)
+    netns = root / "null-netns"
+    if netns.exists():
+        subprocess.run(["umount", "-l", str(netns)], capture_output=True, check=False)
