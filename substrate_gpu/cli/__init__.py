@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from substrate_gpu import exceptions, observability
 from substrate_gpu.cli import _registry
@@ -36,9 +37,46 @@ __all__ = [
 Handler = Callable[[argparse.Namespace], int]
 
 
+if TYPE_CHECKING:
+    _SubParsersAction = argparse._SubParsersAction[argparse.ArgumentParser]
+else:  # not subscriptable at runtime
+    _SubParsersAction = argparse._SubParsersAction
+
+
+class _SubcommandAction(_SubParsersAction):
+    """Runs the chosen subcommand's parser; unknown arguments are that parser's mistake.
+
+    argparse hands a subcommand's unknown arguments up to the top-level parser, which then
+    prints the top level's usage; the user needs the usage of the command they were typing.
+    """
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        attr = argparse._UNRECOGNIZED_ARGS_ATTR
+        before = len(getattr(namespace, attr, ()))
+        super().__call__(parser, namespace, values, option_string)
+        unknown = getattr(namespace, attr, [])[before:]
+        if unknown and values:
+            self.choices[values[0]].error(f"unrecognized arguments: {' '.join(unknown)}")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose subcommands (at every depth) report their own mistakes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Subparsers are built with the parent's class, so every level gets the action.
+        self.register("action", "parsers", _SubcommandAction)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, with every subsystem's subcommands."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="substrate-gpu",
         description="NVIDIA GPUs for gVisor-sandboxed actors.",
     )
@@ -55,7 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="least severe level logged (default: WARNING; the agent uses INFO)",
     )
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subparsers = cast(
+        "_SubParsersAction",
+        parser.add_subparsers(dest="command", required=True, metavar="COMMAND"),
+    )
     for register in _registry.REGISTRARS:
         register(subparsers)
     return parser
