@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from substrate_gpu import exceptions, observability
-from substrate_gpu.cli import _registry
+from substrate_gpu.cli import _errors, _registry
 from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
 __all__ = [
@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except exceptions.SubstrateGpuError as e:
-        print(f"substrate-gpu: error: {e}", file=sys.stderr)
+        print(f"substrate-gpu: error: {_errors.describe(e)}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130

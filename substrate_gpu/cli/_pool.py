@@ -22,6 +22,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from substrate_gpu.cli import _errors
 from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_INVALID, EXIT_OK
 from substrate_gpu.pools import crd, manifests, shaping, validation
 
@@ -67,11 +68,11 @@ def _validate(args: argparse.Namespace) -> int:
         try:
             docs = manifests.read_documents(path)
         except manifests.PoolYamlError as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {_errors.describe(e)}", file=sys.stderr)
             errors += 1
             continue
         except manifests.PoolFileError as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {_errors.describe(e)}", file=sys.stderr)
             unreadable = True
             continue
         for doc in docs:
@@ -112,7 +113,7 @@ def _render(args: argparse.Namespace) -> int:
     try:
         docs = manifests.read_documents(args.file)
     except manifests.PoolYamlError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_errors.describe(e)}", file=sys.stderr)
         return EXIT_INVALID
     for doc in docs:
         report = validation.validate_document(doc.content)

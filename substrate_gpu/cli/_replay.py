@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from substrate_gpu import eventlog
+from substrate_gpu.cli import _errors
 from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_OK
 from substrate_gpu.eventlog import format, reader, replayer
 from substrate_gpu.lifecycle import events, hooks
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         contents = reader.read_log(path)
         result = replayer.replay_contents(contents, actor=args.actor)
     except eventlog.EventLogError as e:
-        print(f"substrate-gpu replay: error: {e}", file=sys.stderr)
+        print(f"substrate-gpu replay: error: {_errors.describe(e)}", file=sys.stderr)
         return EXIT_FAILED
     if contents.torn_tail is not None:
         print(
