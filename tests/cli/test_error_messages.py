@@ -51,7 +51,12 @@ def test_a_directory_given_for_a_file_says_so(
 def test_a_failed_generation_names_its_context_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`inject --generate` without a toolkit: one "while generating the CDI spec", not two."""
+    """nvidia-ctk fails: one "while generating the CDI spec …", not the same context twice."""
+    toolkit_dir = tmp_path / "toolkit"
+    toolkit_dir.mkdir()
+    ctk = toolkit_dir / "nvidia-ctk"
+    ctk.write_text("#!/bin/sh\necho 'failed to load NVML' >&2\nexit 3\n")
+    ctk.chmod(0o755)
     err = _fails(
         [
             "inject",
@@ -61,12 +66,13 @@ def test_a_failed_generation_names_its_context_once(
             "--cdi-output-dir",
             str(tmp_path / "cdi"),
             "--toolkit-dir",
-            str(tmp_path / "no-toolkit"),
+            str(toolkit_dir),
         ],
         capsys,
     )
     assert err.count("while generating the CDI spec") == 1
     assert not NESTED_WHILE.search(err)
+    assert "failed to load NVML" in err
 
 
 def _chained(message: str, cause: BaseException) -> exceptions.SubstrateGpuError:
