@@ -178,9 +178,17 @@ def _crd(args: argparse.Namespace) -> int:
 def _deploy_files(args: argparse.Namespace) -> int:
     examples: Path = args.examples
     output: Path = args.output
-    for name, content in manifests.deploy_files(sorted(examples.glob("*.yaml"))).items():
+    if not examples.is_dir():
+        raise exceptions.ConfigError(
+            f"while reading the example pools in {examples}: no such folder; check the path"
+        )
+    files = manifests.deploy_files(sorted(examples.glob("*.yaml")))
+    for name, content in files.items():
         target = output / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content, encoding="utf-8")
+        except OSError as e:
+            raise exceptions.ConfigError(f"while writing {output}: {e}") from e
         print(f"wrote {target}")
     return EXIT_OK

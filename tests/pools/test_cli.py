@@ -223,3 +223,28 @@ def test_validate_does_not_warn_about_the_image_when_one_is_configured(
         monkeypatch.delenv("ATE_DEFAULT_ATEOM_IMAGE")
     _, _, err = run(capsys, "validate", DATA / "valid" / "user-documented.yaml", *configured)
     assert "spec.ateomImage" not in err
+
+
+def test_deploy_files_without_the_examples_folder_exits_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A missing --examples folder is named; nothing is written (not a deploy/ without pools)."""
+    output = tmp_path / "deploy"
+    code, _, err = run(capsys, "deploy-files", "--examples", tmp_path / "nope", "--output", output)
+    assert code == EXIT_FAILED
+    assert f"{tmp_path / 'nope'}" in err and "check the path" in err
+    assert not output.exists()
+
+
+def test_deploy_files_into_an_unwritable_place_exits_one_without_a_traceback(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--output under a regular file: exit 1 with the path and the reason in words."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, _, err = run(
+        capsys, "deploy-files", "--examples", DATA / "valid", "--output", blocker / "deploy"
+    )
+    assert code == EXIT_FAILED
+    assert f"while writing {blocker / 'deploy'}" in err
+    assert "[Errno" not in err and "Traceback" not in err
