@@ -8,8 +8,10 @@ Exit codes (documented in the README):
 - 0: success
 - 1: the operation failed (a :class:`~substrate_gpu.exceptions.SubstrateGpuError`): the
   message says what and where; nothing was half-written
-- 2: the command line itself is wrong (argparse)
-- 3: validation found problems in the input (``pool validate``)
+- 2: the command line itself is wrong (argparse; the usage printed is the typed command's)
+- 3: validation found problems in the input (``pool validate``, ``pool render``)
+
+Error messages are worded in one place, :mod:`._errors`.
 """
 
 from __future__ import annotations

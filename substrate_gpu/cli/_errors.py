@@ -73,11 +73,15 @@ def describe(error: BaseException) -> str:
     for cause in _os_errors(error):
         worded = _worded(cause)
         hint = _WHAT_TO_DO.get(cause.errno or 0)
-        advice = f"{worded}; {hint}" if hint else worded
-        if str(cause) in message:
-            message = message.replace(str(cause), advice)
+        raw = str(cause)
+        if raw in message:
+            rest = message.replace(raw, "")
+            named = [str(f) for f in (cause.filename, cause.filename2) if f is not None]
+            if any(name not in rest for name in named):  # keep paths only the cause named
+                worded = f"{worded} ({' -> '.join(named)})"
+            message = message.replace(raw, f"{worded}; {hint}" if hint else worded)
         elif cause.strerror and message.endswith(cause.strerror):
-            message = message[: -len(cause.strerror)] + advice
+            message = message[: -len(cause.strerror)] + (f"{worded}; {hint}" if hint else worded)
         elif hint and hint not in message:
             message = f"{message}; {hint}"
     return _fold_contexts(message)

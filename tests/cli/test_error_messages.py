@@ -104,6 +104,12 @@ def _chained(message: str, cause: BaseException) -> exceptions.SubstrateGpuError
             id="worded-message-gets-the-hint",
         ),
         pytest.param(
+            "while moving the log: [Errno 18] Invalid cross-device link: '/a' -> '/b'",
+            OSError(errno.EXDEV, "Invalid cross-device link", "/a", None, "/b"),
+            "while moving the log: invalid cross-device link (/a -> /b)",
+            id="paths-only-the-cause-named-are-kept",
+        ),
+        pytest.param(
             "while writing /x: [Errno 13] Permission denied: '/x'",
             PermissionError(errno.EACCES, "Permission denied", "/x"),
             "while writing /x: permission denied; run as a user who may access it (root?)",
