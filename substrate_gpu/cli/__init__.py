@@ -39,6 +39,11 @@ __all__ = [
 Handler = Callable[[argparse.Namespace], int]
 
 
+_LOG_FORMAT = "--log-format"
+_LOG_LEVEL = "--log-level"
+_GLOBAL = frozenset({_LOG_FORMAT, _LOG_LEVEL})
+"""The options of ``substrate-gpu`` itself, which go before the command."""
+
 if TYPE_CHECKING:
     _SubParsersAction = argparse._SubParsersAction[argparse.ArgumentParser]
 else:  # not subscriptable at runtime
@@ -62,9 +67,17 @@ class _SubcommandAction(_SubParsersAction):
         attr = argparse._UNRECOGNIZED_ARGS_ATTR
         before = len(getattr(namespace, attr, ()))
         super().__call__(parser, namespace, values, option_string)
-        unknown = getattr(namespace, attr, [])[before:]
+        unknown: list[str] = getattr(namespace, attr, [])[before:]
         if unknown and values:
-            self.choices[values[0]].error(f"unrecognized arguments: {' '.join(unknown)}")
+            message = f"unrecognized arguments: {' '.join(unknown)}"
+            misplaced = [a.split("=", 1)[0] for a in unknown if a.split("=", 1)[0] in _GLOBAL]
+            if misplaced:
+                what = "is an option" if len(misplaced) == 1 else "are options"
+                message += (
+                    f" ({', '.join(misplaced)} {what} of substrate-gpu itself: "
+                    "give it before the command)"
+                )
+            self.choices[values[0]].error(message)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -83,13 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="NVIDIA GPUs for gVisor-sandboxed actors.",
     )
     parser.add_argument(
-        "--log-format",
+        _LOG_FORMAT,
         choices=["auto", "json", "console"],
         default="auto",
         help="log format on stderr (auto: console on a terminal, JSON lines otherwise)",
     )
     parser.add_argument(
-        "--log-level",
+        _LOG_LEVEL,
         default="WARNING",
         type=str.upper,
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],

@@ -48,3 +48,15 @@ def test_an_unknown_flag_before_the_command_prints_the_top_level_usage(
     err = capsys.readouterr().err
     assert err.startswith("usage: substrate-gpu [-h]")
     assert "substrate-gpu: error: unrecognized arguments: --no-such-flag" in err
+
+
+def test_a_top_level_option_after_the_command_says_where_it_goes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`pool crd --log-level DEBUG`: the option belongs before the command, and the error says so."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["pool", "crd", "--log-level", "DEBUG"])
+    assert exit_info.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("usage: substrate-gpu pool crd")
+    assert "--log-level is an option of substrate-gpu itself: give it before the command" in err
