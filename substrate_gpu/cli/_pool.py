@@ -88,12 +88,13 @@ class _Outcome:
 
 
 def _check_files(
-    files: list[Path], settings: shaping.ControllerSettings, *, warn_no_image: bool
+    files: list[Path], settings: shaping.ControllerSettings, *, validating: bool
 ) -> _Outcome:
     """Read and validate every document of every file, printing each problem on stderr.
 
-    ``warn_no_image``: warn about pools that render cannot give an image (``validate``;
-    ``render`` itself reports that as its error).
+    ``validating`` (``pool validate``): also say ``ok`` on stdout for each valid document,
+    and warn about pools that render cannot give an image (``render`` reports that as
+    its error, and its stdout is YAML only).
     """
     outcome = _Outcome()
     for path in files:
@@ -111,16 +112,17 @@ def _check_files(
             outcome.documents += 1
             report = validation.validate_document(doc.content)
             warnings = [str(problem) for problem in report.warnings]
-            pool = None
             if report.ok:
                 pool = validation.load_pool(doc.content, source=doc.source)
-                if warn_no_image and not (pool.ateom_image or settings.default_image):
+                if validating and not (pool.ateom_image or settings.default_image):
                     warnings.append(_NO_IMAGE)
                 outcome.pools.append((doc.source, pool))
             for problem in report.errors:
                 print(f"{doc.source}: error: {problem}", file=sys.stderr)
             for warning in warnings:
                 print(f"{doc.source}: warning: {warning}", file=sys.stderr)
+            if validating and report.ok:
+                print(f"{doc.source}: ok")
             outcome.errors += len(report.errors)
             outcome.warnings += len(warnings)
     return outcome
@@ -133,9 +135,7 @@ _NO_IMAGE = (
 
 
 def _validate(args: argparse.Namespace) -> int:
-    outcome = _check_files(args.files, _settings(os.environ, args.ateom_image), warn_no_image=True)
-    for source, _ in outcome.pools:
-        print(f"{source}: ok")
+    outcome = _check_files(args.files, _settings(os.environ, args.ateom_image), validating=True)
     print(
         f"{outcome.documents} document(s), {outcome.errors} error(s), "
         f"{outcome.warnings} warning(s)",
@@ -153,7 +153,7 @@ def _settings(env: Mapping[str, str], image: str | None) -> shaping.ControllerSe
 
 def _render(args: argparse.Namespace) -> int:
     settings = _settings(os.environ, args.ateom_image)
-    outcome = _check_files(args.files, settings, warn_no_image=False)
+    outcome = _check_files(args.files, settings, validating=False)
     if outcome.exit_code != EXIT_OK:
         return outcome.exit_code
     objects: list[Mapping[str, object]] = []
