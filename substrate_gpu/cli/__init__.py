@@ -8,8 +8,10 @@ Exit codes (documented in the README):
 - 0: success
 - 1: the operation failed (a :class:`~substrate_gpu.exceptions.SubstrateGpuError`): the
   message says what and where; nothing was half-written
-- 2: the command line itself is wrong (argparse)
-- 3: validation found problems in the input (``pool validate``)
+- 2: the command line itself is wrong (argparse; the usage printed is the typed command's)
+- 3: validation found problems in the input (``pool validate``, ``pool render``)
+
+Error messages are worded in one place, :mod:`._errors`.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from substrate_gpu import exceptions, observability
-from substrate_gpu.cli import _registry
+from substrate_gpu.cli import _errors, _registry
 from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
 __all__ = [
@@ -36,26 +39,79 @@ __all__ = [
 Handler = Callable[[argparse.Namespace], int]
 
 
+_LOG_FORMAT = "--log-format"
+_LOG_LEVEL = "--log-level"
+_GLOBAL = frozenset({_LOG_FORMAT, _LOG_LEVEL})
+"""The options of ``substrate-gpu`` itself, which go before the command."""
+
+if TYPE_CHECKING:
+    _SubParsersAction = argparse._SubParsersAction[argparse.ArgumentParser]
+else:  # not subscriptable at runtime
+    _SubParsersAction = argparse._SubParsersAction
+
+
+class _SubcommandAction(_SubParsersAction):
+    """Runs the chosen subcommand's parser; unknown arguments are that parser's mistake.
+
+    argparse hands a subcommand's unknown arguments up to the top-level parser, which then
+    prints the top level's usage; the user needs the usage of the command they were typing.
+    """
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        attr = argparse._UNRECOGNIZED_ARGS_ATTR
+        before = len(getattr(namespace, attr, ()))
+        super().__call__(parser, namespace, values, option_string)
+        unknown: list[str] = getattr(namespace, attr, [])[before:]
+        if unknown and values:
+            message = f"unrecognized arguments: {' '.join(unknown)}"
+            misplaced = [a.split("=", 1)[0] for a in unknown if a.split("=", 1)[0] in _GLOBAL]
+            if misplaced:
+                what = "is an option" if len(misplaced) == 1 else "are options"
+                message += (
+                    f" ({', '.join(misplaced)} {what} of substrate-gpu itself: "
+                    "give it before the command)"
+                )
+            self.choices[values[0]].error(message)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose subcommands (at every depth) report their own mistakes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Subparsers are built with the parent's class, so every level gets the action.
+        self.register("action", "parsers", _SubcommandAction)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, with every subsystem's subcommands."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="substrate-gpu",
         description="NVIDIA GPUs for gVisor-sandboxed actors.",
     )
     parser.add_argument(
-        "--log-format",
+        _LOG_FORMAT,
         choices=["auto", "json", "console"],
         default="auto",
         help="log format on stderr (auto: console on a terminal, JSON lines otherwise)",
     )
     parser.add_argument(
-        "--log-level",
+        _LOG_LEVEL,
         default="WARNING",
         type=str.upper,
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="least severe level logged (default: WARNING; the agent uses INFO)",
     )
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subparsers = cast(
+        "_SubParsersAction",
+        parser.add_subparsers(dest="command", required=True, metavar="COMMAND"),
+    )
     for register in _registry.REGISTRARS:
         register(subparsers)
     return parser
@@ -71,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except exceptions.SubstrateGpuError as e:
-        print(f"substrate-gpu: error: {e}", file=sys.stderr)
+        print(f"substrate-gpu: error: {_errors.describe(e)}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130

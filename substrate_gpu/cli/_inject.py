@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,11 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from substrate_gpu.cdi import model
+
+
+STANDIN_SYSTEM_ROOT_ENV = "NVIDIA_CTK_STANDIN_SYSTEM_ROOT"
+"""The simulated node's root for the nvidia-ctk stand-in (named here for ``--help`` only:
+production code never imports ``substrate_gpu.testing``)."""
 
 
 def _common_paths(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +60,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="inject this worker's GPUs into an OCI bundle",
         description="Inject the GPUs of a CDI spec (device 'all', or the --device names)"
         " into an OCI bundle.",
+        epilog=f"--generate runs <toolkit-dir>/nvidia-ctk. On a simulated node (tests, the "
+        f"demo; docs/gpu-injection.md) the toolkit is the nvidia-ctk stand-in, which treats "
+        f"${STANDIN_SYSTEM_ROOT_ENV} as the machine's / when it discovers GPUs and libraries.",
     )
     inject.add_argument("--bundle", required=True, type=Path, help="the OCI bundle directory")
     source = inject.add_mutually_exclusive_group(required=True)
@@ -97,6 +106,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 async def _generated_spec(args: argparse.Namespace) -> model.Spec:
+    ctk = toolkit.toolkit_binary(args.toolkit_dir, "nvidia-ctk")
+    if not ctk.exists():
+        raise exceptions.ConfigError(
+            f"while generating the CDI spec: no nvidia-ctk in {args.toolkit_dir} ({ctk} does "
+            "not exist); pass --toolkit-dir with the mounted NVIDIA Container Toolkit, or "
+            "give a spec with --cdi-spec"
+        )
     config = toolkit.ToolkitConfig.from_env(
         {**os.environ, toolkit.ENV_DRIVER_ROOT: args.driver_root},
         output_dir=args.cdi_output_dir,
@@ -117,6 +133,7 @@ def run_inject(args: argparse.Namespace) -> int:
     else:
         edits = cdi.edits_for_all(spec)
     report = bundle_.inject_gpu(args.bundle, edits, options=options, soname_cache=SonameCache())
+    _maybe_warn_missing_hook(args.toolkit_dir, report.hooks_kept)
     print(f"{report.outcome}: {report.bundle}")
     for device in report.devices:
         print(f"  device {device.path} {device.type} {device.major}:{device.minor}")
@@ -129,6 +146,18 @@ def run_inject(args: argparse.Namespace) -> int:
             f"{len(links.existing)} existing, {len(links.skipped)} skipped"
         )
     return EXIT_OK
+
+
+def _maybe_warn_missing_hook(toolkit_dir: Path, kept: Sequence[str]) -> None:
+    """Kept hooks run ``<toolkit-dir>/nvidia-cdi-hook`` at container start: say if it is absent."""
+    binary = bundle_.hook_binary(toolkit_dir)
+    if kept and not Path(binary).exists():
+        print(
+            f"substrate-gpu inject: warning: {binary} does not exist: the hooks kept "
+            f"({', '.join(kept)}) will fail when the container starts; pass --toolkit-dir "
+            "with the mounted NVIDIA Container Toolkit",
+            file=sys.stderr,
+        )
 
 
 def _table(title: str, header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:

@@ -5,9 +5,12 @@ Exit codes (see ``docs/api-guide.md``, "Exit codes"):
 - ``pool validate``: 0 when every document is valid (warnings alone keep 0); 3 when any
   document has an error or any file is not YAML (every file is still checked); 1 when a
   file cannot be read at all (missing, not UTF-8), which wins over 3;
-- ``pool render``: 0 with the YAML on stdout; 3 when a pool is invalid or the file is
-  not YAML (nothing on stdout); 1 when the file cannot be read or rendering fails (no
-  worker image);
+- ``pool validate`` warns (exit 0) about a pool without ``spec.ateomImage`` when no default
+  image is configured: ``pool render`` would refuse it;
+- ``pool render FILE…``: 0 with every file's Deployments on stdout, in order; 3 when a pool
+  is invalid or a file is not YAML; 1 when a file cannot be read or a pool cannot be
+  rendered (no worker image), which wins over 3; every file is checked and every problem
+  printed, and nothing is printed on stdout unless everything renders;
 - ``pool crd`` and ``pool deploy-files``: 0, or 1 on failure.
 
 The controller's environment (``ATE_NVIDIA_TOOLKIT_HOST_PATH``, ``ATE_NVIDIA_DRIVER_ROOT``,
@@ -17,13 +20,16 @@ The controller's environment (``ATE_NVIDIA_TOOLKIT_HOST_PATH``, ``ATE_NVIDIA_DRI
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from substrate_gpu import exceptions
+from substrate_gpu.cli import _errors
 from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_INVALID, EXIT_OK
-from substrate_gpu.pools import crd, manifests, shaping, validation
+from substrate_gpu.pools import crd, manifests, model, shaping, validation
 
 __all__ = ["register"]
 
@@ -37,17 +43,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "validate", help="report every problem of WorkerPool files (exit 3 on any error)"
     )
     validate.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    _image_flag(validate, "the default image, for the warning about pools without one")
     validate.set_defaults(handler=_validate)
 
     render = commands.add_parser(
-        "render", help="print the worker Deployments of WorkerPool files (for kubectl apply -f -)"
+        "render",
+        help="print the worker Deployments of WorkerPool files (for kubectl apply -f -)",
+        description="Print the worker Deployment of every pool of every FILE, in order, as "
+        "one YAML stream; nothing is printed unless every pool renders.",
     )
-    render.add_argument("file", type=Path, metavar="FILE")
-    render.add_argument(
-        "--ateom-image",
-        help="worker image for pools without spec.ateomImage "
-        f"(default: ${shaping.WORKER_IMAGE_ENV})",
-    )
+    render.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    _image_flag(render, "worker image for pools without spec.ateomImage")
     render.set_defaults(handler=_render)
 
     crd_cmd = commands.add_parser("crd", help="print the WorkerPool CustomResourceDefinition")
@@ -59,74 +65,107 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     deploy.set_defaults(handler=_deploy_files)
 
 
-def _validate(args: argparse.Namespace) -> int:
-    files: list[Path] = args.files
-    errors = warnings = documents = 0
-    unreadable = False
+def _image_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--ateom-image", help=f"{what} (default: ${shaping.WORKER_IMAGE_ENV})")
+
+
+@dataclasses.dataclass
+class _Outcome:
+    """What reading and checking a list of pool files found (problems already printed)."""
+
+    pools: list[tuple[str, model.WorkerPool]] = dataclasses.field(default_factory=list)
+    documents: int = 0
+    errors: int = 0
+    warnings: int = 0
+    unreadable: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        """1 when a file could not be read (wins), 3 when anything was invalid, else 0."""
+        if self.unreadable:
+            return EXIT_FAILED
+        return EXIT_INVALID if self.errors else EXIT_OK
+
+
+def _check_files(
+    files: list[Path], settings: shaping.ControllerSettings, *, validating: bool
+) -> _Outcome:
+    """Read and validate every document of every file, printing each problem on stderr.
+
+    ``validating`` (``pool validate``): also say ``ok`` on stdout for each valid document,
+    and warn about pools that render cannot give an image (``render`` reports that as
+    its error, and its stdout is YAML only).
+    """
+    outcome = _Outcome()
     for path in files:
         try:
             docs = manifests.read_documents(path)
         except manifests.PoolYamlError as e:
-            print(f"error: {e}", file=sys.stderr)
-            errors += 1
+            print(f"error: {_errors.describe(e)}", file=sys.stderr)
+            outcome.errors += 1
             continue
         except manifests.PoolFileError as e:
-            print(f"error: {e}", file=sys.stderr)
-            unreadable = True
+            print(f"error: {_errors.describe(e)}", file=sys.stderr)
+            outcome.unreadable = True
             continue
         for doc in docs:
-            documents += 1
+            outcome.documents += 1
             report = validation.validate_document(doc.content)
+            warnings = [str(problem) for problem in report.warnings]
+            if report.ok:
+                pool = validation.load_pool(doc.content, source=doc.source)
+                if validating and not (pool.ateom_image or settings.default_image):
+                    warnings.append(_NO_IMAGE)
+                outcome.pools.append((doc.source, pool))
             for problem in report.errors:
                 print(f"{doc.source}: error: {problem}", file=sys.stderr)
-            for problem in report.warnings:
-                print(f"{doc.source}: warning: {problem}", file=sys.stderr)
-            errors += len(report.errors)
-            warnings += len(report.warnings)
-            if report.ok:
+            for warning in warnings:
+                print(f"{doc.source}: warning: {warning}", file=sys.stderr)
+            if validating and report.ok:
                 print(f"{doc.source}: ok")
+            outcome.errors += len(report.errors)
+            outcome.warnings += len(warnings)
+    return outcome
+
+
+_NO_IMAGE = (
+    "spec.ateomImage: not set, and no default worker image is configured "
+    f"(${shaping.WORKER_IMAGE_ENV} or --ateom-image): pool render will refuse this pool"
+)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    outcome = _check_files(args.files, _settings(os.environ, args.ateom_image), validating=True)
     print(
-        f"{documents} document(s), {errors} error(s), {warnings} warning(s)",
-        file=sys.stderr if errors or unreadable else sys.stdout,
+        f"{outcome.documents} document(s), {outcome.errors} error(s), "
+        f"{outcome.warnings} warning(s)",
+        file=sys.stderr if outcome.exit_code != EXIT_OK else sys.stdout,
     )
-    if unreadable:
-        return EXIT_FAILED
-    return EXIT_INVALID if errors else EXIT_OK
+    return outcome.exit_code
 
 
 def _settings(env: Mapping[str, str], image: str | None) -> shaping.ControllerSettings:
     settings = shaping.ControllerSettings.from_env(env)
     if image:
-        settings = shaping.ControllerSettings(
-            toolkit_host_path=settings.toolkit_host_path,
-            driver_root=settings.driver_root,
-            default_image=image,
-        )
+        settings = dataclasses.replace(settings, default_image=image)
     return settings
 
 
 def _render(args: argparse.Namespace) -> int:
     settings = _settings(os.environ, args.ateom_image)
+    outcome = _check_files(args.files, settings, validating=False)
+    if outcome.exit_code != EXIT_OK:
+        return outcome.exit_code
     objects: list[Mapping[str, object]] = []
-    invalid = False
-    try:
-        docs = manifests.read_documents(args.file)
-    except manifests.PoolYamlError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_INVALID
-    for doc in docs:
-        report = validation.validate_document(doc.content)
-        for problem in report.errors:
-            print(f"{doc.source}: error: {problem}", file=sys.stderr)
-        for problem in report.warnings:
-            print(f"{doc.source}: warning: {problem}", file=sys.stderr)
-        if not report.ok:
-            invalid = True
-            continue
-        pool = validation.load_pool(doc.content, source=doc.source)
-        objects.append(shaping.render_worker_deployment(pool, settings))
-    if invalid:
-        return EXIT_INVALID
+    failed = False
+    for source, pool in outcome.pools:
+        try:
+            objects.append(shaping.render_worker_deployment(pool, settings))
+        except exceptions.SubstrateGpuError as e:
+            print(f"{source}: error: {_errors.describe(e)}", file=sys.stderr)
+            failed = True
+    if failed:
+        return EXIT_FAILED
     sys.stdout.write(manifests.dump_documents(objects))
     return EXIT_OK
 
@@ -139,9 +178,17 @@ def _crd(args: argparse.Namespace) -> int:
 def _deploy_files(args: argparse.Namespace) -> int:
     examples: Path = args.examples
     output: Path = args.output
-    for name, content in manifests.deploy_files(sorted(examples.glob("*.yaml"))).items():
+    if not examples.is_dir():
+        raise exceptions.ConfigError(
+            f"while reading the example pools in {examples}: no such folder; check the path"
+        )
+    files = manifests.deploy_files(sorted(examples.glob("*.yaml")))
+    for name, content in files.items():
         target = output / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content, encoding="utf-8")
+        except OSError as e:
+            raise exceptions.ConfigError(f"while writing {output}: {e}") from e
         print(f"wrote {target}")
     return EXIT_OK

@@ -2,8 +2,10 @@
 
 Replays the event log through the lifecycle machine without running any effect
 (docs/event-log.md). Exit codes: 0 when the log replays (a torn last line is a warning on
-stderr, not a failure: it was never acknowledged); 1 when the log is unreadable, corrupt or
-diverges from the machine (the message names the file and line).
+stderr, not a failure: it was never acknowledged); 1 when the log is unreadable, is not an
+event log at all, is corrupt or diverges from the machine (the message names the file and
+line), or when ``--actor`` names an actor the log never saw (the closest ids are named).
+Output cut short by its reader (``replay LOG | head``) ends quietly.
 """
 
 from __future__ import annotations
@@ -11,16 +13,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import difflib
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
 from substrate_gpu import eventlog
+from substrate_gpu.cli import _errors
 from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_OK
 from substrate_gpu.eventlog import format, reader, replayer
 from substrate_gpu.lifecycle import events, hooks
+
+_HEADER_PEEK_BYTES = 64 << 10
+"""How much of a file is read to tell whether it starts with an event-log header."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,21 +51,73 @@ def run(args: argparse.Namespace) -> int:
     try:
         contents = reader.read_log(path)
         result = replayer.replay_contents(contents, actor=args.actor)
+    except eventlog.CorruptLogError as e:
+        message = _errors.describe(e)
+        if e.line == 1 and not starts_with_log_header(path):
+            message = (
+                f"{path} is not an event log: its first line is not a {format.FORMAT} "
+                "header; give the file the agent writes (agent --event-log)"
+            )
+        return _fail(message)
     except eventlog.EventLogError as e:
-        print(f"substrate-gpu replay: error: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return _fail(_errors.describe(e))
+    actor: str | None = args.actor
+    if actor is not None and actor not in result.actors and actor not in _actor_ids(contents):
+        return _fail(_unknown_actor(path, actor, _actor_ids(contents)))
     if contents.torn_tail is not None:
         print(
             f"substrate-gpu replay: warning: {path}: {contents.torn_tail.describe()}",
             file=sys.stderr,
         )
     timelines = _timelines(contents, result, args.actor)
-    if args.json:
-        json.dump(_document(result, timelines), sys.stdout, indent=2, ensure_ascii=False)
-        sys.stdout.write("\n")
-    else:
-        _print_text(sys.stdout, result, timelines)
+    try:
+        if args.json:
+            json.dump(_document(result, timelines), sys.stdout, indent=2, ensure_ascii=False)
+            sys.stdout.write("\n")
+        else:
+            _print_text(sys.stdout, result, timelines)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader left (`| head`): stop writing; point stdout at /dev/null so the
+        # interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
     return EXIT_OK
+
+
+def _fail(message: str) -> int:
+    print(f"substrate-gpu replay: error: {message}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def starts_with_log_header(path: Path) -> bool:
+    """Whether the file's first line is an event-log header (whatever its version)."""
+    try:
+        with path.open("rb") as file:
+            first = file.readline(_HEADER_PEEK_BYTES)
+        data = json.loads(first)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == format.FORMAT
+
+
+def _actor_ids(contents: reader.LogContents) -> list[str]:
+    ids = {r.actor_id for r in contents.records}
+    if contents.snapshot is not None:
+        ids.update(view.actor_id for view in contents.snapshot.actors)
+    return sorted(ids)
+
+
+def _unknown_actor(path: Path, actor: str, known: list[str]) -> str:
+    message = f"no actor {actor!r} in {path}"
+    if not known:
+        return f"{message}: the log has no actor"
+    closest = difflib.get_close_matches(actor, known, n=5, cutoff=0.7)
+    if closest:
+        return f"{message}; did you mean {', '.join(sorted(closest))}?"
+    shown = ", ".join(known[:10]) + (", …" if len(known) > 10 else "")
+    return f"{message}; its {len(known)} actor(s): {shown}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +152,7 @@ def _print_text(
     out.write(
         f"{result.path}: {result.events_replayed} event(s) replayed{since}, "
         f"{len(result.rejections)} refusal(s), last seq {result.last_seq}, "
-        f"{len(result.actors)} actor(s)\n"
+        f"{len(timelines)} actor(s)\n"
     )
     for actor_id, entries in timelines.items():
         out.write(f"\nactor {actor_id}\n")

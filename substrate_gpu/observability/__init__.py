@@ -2,6 +2,8 @@
 
 - :mod:`~substrate_gpu.observability.metrics` — :class:`AgentMetrics`, every metric the
   agent exports, in an injected registry with bounded label values.
+- :mod:`~substrate_gpu.observability.registry` — :class:`AgentRegistry`, the registry the
+  agent exports (no ``_created`` series).
 - :mod:`~substrate_gpu.observability.http` — :class:`MetricsServer`, the registry served on
   127.0.0.1 (classic text and OpenMetrics).
 - :mod:`~substrate_gpu.observability.logging` — :func:`configure_logging` and
@@ -16,11 +18,13 @@ from __future__ import annotations
 from substrate_gpu.observability.http import DEFAULT_HOST, DEFAULT_PORT, MetricsServer
 from substrate_gpu.observability.logging import bind_actor, configure_logging
 from substrate_gpu.observability.metrics import AgentMetrics
+from substrate_gpu.observability.registry import AgentRegistry
 
 __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_PORT",
     "AgentMetrics",
+    "AgentRegistry",
     "MetricsServer",
     "bind_actor",
     "configure_logging",

@@ -37,12 +37,11 @@ import anyio.to_thread
 import structlog
 from anyio.abc import ByteStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
-from prometheus_client import CollectorRegistry
 
 from substrate_gpu import exceptions
 from substrate_gpu.lifecycle import Agent, errors, events, machine
 from substrate_gpu.lifecycle.effects import GpuInjector
-from substrate_gpu.observability import AgentMetrics, MetricsServer
+from substrate_gpu.observability import AgentMetrics, AgentRegistry, MetricsServer
 from substrate_gpu.probes.api import CudaContextProbe
 from substrate_gpu.runsc.api import SandboxRuntime
 from substrate_gpu.service import protocol, recovery, wiring
@@ -255,7 +254,7 @@ async def running_agent(
     Transports are not started here (see :func:`run`), so tests can drive the service.
     """
     spec = machine.load_spec()
-    registry = CollectorRegistry()
+    registry = AgentRegistry()
     agents: list[Agent] = []
     metrics = wiring.agent_metrics(
         registry, spec, lambda: agents[0].state_counts() if agents else {}

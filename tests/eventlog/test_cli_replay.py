@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from eventlog import logs
 from substrate_gpu.cli import _replay
+from substrate_gpu.eventlog import format
+from substrate_gpu.lifecycle import events
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
@@ -121,3 +126,96 @@ def test_a_bad_field_is_named_by_its_path_in_the_replay_message(
     err = capsys.readouterr().err
     assert f"{log}:3" in err and says in err
     assert "Traceback" not in err and err.count("\n") == 1
+
+
+def _refused(actor_id: str) -> str:
+    """A rejection line: an event for an actor the agent never knew."""
+    return format.Rejection(
+        event=events.RunRequested(actor_id=actor_id, at=2.0), state="new", problem="unknown actor"
+    ).to_json()
+
+
+def test_a_file_that_is_not_an_event_log_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pool YAML given by mistake: "not an event log", not "restore it from a backup"."""
+    other = tmp_path / "pool.yaml"
+    other.write_text("apiVersion: substrate.io/v1alpha1\nkind: WorkerPool\n")
+    assert _run(str(other)) == 1
+    err = capsys.readouterr().err
+    assert f"{other} is not an event log" in err
+    assert "backup" not in err
+
+
+def test_a_log_with_a_newer_header_keeps_the_upgrade_advice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An event log of another version is an event log: the reader's advice stands."""
+    log = logs.write_lines(tmp_path / "events.jsonl", '{"format":"substrate-gpu-eventlog","v":99}')
+    assert _run(str(log)) == 1
+    err = capsys.readouterr().err
+    assert "not an event log" not in err and "upgrade" in err
+
+
+def test_an_unknown_actor_exits_1_naming_the_closest_ids(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--actor with an id the log never saw is a mistake, answered with the nearest ids."""
+    log = logs.write_lines(
+        tmp_path / "events.jsonl",
+        logs.header(),
+        logs.registered("gpu-1", 1),
+        logs.registered("gpu-2", 2),
+        logs.registered("cpu-7", 3),
+    )
+    assert _run(str(log), "--actor", "gpu-3") == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "no actor 'gpu-3' in" in captured.err
+    assert "did you mean gpu-1, gpu-2?" in captured.err
+
+
+def test_the_header_counts_the_actors_it_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An actor seen only in refused events is printed, so it is counted."""
+    log = logs.write_lines(
+        tmp_path / "events.jsonl", logs.header(), logs.registered("a", 1), _refused("ghost")
+    )
+    assert _run(str(log)) == 0
+    out = capsys.readouterr().out
+    assert out.count("\nactor ") == 2
+    assert "2 actor(s)" in out.splitlines()[0]
+
+
+def test_the_header_counts_only_the_chosen_actor(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --actor, the header counts the one actor printed."""
+    log = logs.write_lines(
+        tmp_path / "events.jsonl", logs.header(), logs.registered("a", 1), logs.registered("b", 2)
+    )
+    assert _run(str(log), "--actor", "b") == 0
+    assert "1 actor(s)" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_replay_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    """`replay LOG | head -1`: exit without a BrokenPipe traceback once the reader is gone."""
+    log = logs.write_lines(
+        tmp_path / "events.jsonl",
+        logs.header(),
+        *(logs.registered(f"actor-{i}", i) for i in range(1, 3001)),
+    )
+    pipeline = (
+        f"{shlex.quote(sys.executable)} -m substrate_gpu replay {shlex.quote(str(log))} | head -1"
+    )
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", pipeline],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.stdout.startswith(f"{log}: 3000 event(s) replayed")
+    assert done.stderr == ""
+    assert done.returncode in (0, 141)  # 141: SIGPIPE, as any filter cut short by head

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from substrate_gpu.cli import main
+from substrate_gpu.cli import _inject, main
 from substrate_gpu.testing import bundles
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "cdi"
@@ -51,7 +51,8 @@ def test_inject_from_a_spec_file_then_again(gpu_node, node_spec, tmp_path, capsy
 
 def test_inject_with_generate_runs_the_toolkit(gpu_node, tmp_path, capsys, monkeypatch):
     """inject --generate runs the mounted toolkit's nvidia-ctk first."""
-    monkeypatch.setenv("NVIDIA_CTK_STANDIN_SYSTEM_ROOT", str(gpu_node.root))
+    # The knob --help documents is the one the stand-in honours.
+    monkeypatch.setenv(_inject.STANDIN_SYSTEM_ROOT_ENV, str(gpu_node.root))
     bundle = bundles.make_bundle(tmp_path / "b", ["true"])
     assert (
         main(
@@ -152,3 +153,59 @@ def test_inject_device_from_a_cdi_dir(gpu_node, node_spec, tmp_path, capsys):
     assert main(argv) == 0
     devices = json.loads((bundle / "config.json").read_text())["linux"]["devices"]
     assert sorted(d["path"] for d in devices) == ["/dev/nvidia0", "/dev/nvidiactl"]
+
+
+def test_generate_without_a_toolkit_points_at_the_toolkit_dir_flag(tmp_path, capsys):
+    """--generate where no nvidia-ctk is: exit 1, saying where it looked and which flag to use."""
+    bundle = bundles.make_bundle(tmp_path / "b", ["true"])
+    code = main(
+        [
+            "inject",
+            "--bundle",
+            str(bundle),
+            "--generate",
+            "--cdi-output-dir",
+            str(tmp_path / "cdi"),
+            "--toolkit-dir",
+            str(tmp_path / "no-toolkit"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"no nvidia-ctk in {tmp_path / 'no-toolkit'}" in err
+    assert "--toolkit-dir" in err and "--cdi-spec" in err
+
+
+def test_a_kept_hook_whose_binary_is_missing_is_warned_about(gpu_node, node_spec, tmp_path, capsys):
+    """Hooks kept but no nvidia-cdi-hook at --toolkit-dir: injected, with a warning naming it."""
+    bundle = bundles.make_bundle(tmp_path / "b", ["true"])
+    elsewhere = tmp_path / "not-the-toolkit"
+    assert (
+        main(inject_argv(gpu_node, node_spec.source, bundle, "--toolkit-dir", str(elsewhere))) == 0
+    )
+    err = capsys.readouterr().err
+    assert f"warning: {elsewhere / 'nvidia-cdi-hook'} does not exist" in err
+    assert "--toolkit-dir" in err
+
+
+def test_no_hook_warning_when_the_toolkit_has_the_hook(gpu_node, node_spec, tmp_path, capsys):
+    """The mounted toolkit has nvidia-cdi-hook: nothing to warn about."""
+    bundle = bundles.make_bundle(tmp_path / "b", ["true"])
+    assert (
+        main(
+            inject_argv(
+                gpu_node, node_spec.source, bundle, "--toolkit-dir", str(gpu_node.toolkit_dir)
+            )
+        )
+        == 0
+    )
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_the_simulated_nodes_knob_is_in_the_help_and_the_docs(capsys):
+    """NVIDIA_CTK_STANDIN_SYSTEM_ROOT (the stand-in's '/') is documented for --generate."""
+    with pytest.raises(SystemExit):
+        main(["inject", "--help"])
+    assert _inject.STANDIN_SYSTEM_ROOT_ENV in capsys.readouterr().out.replace("\n", " ")
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "gpu-injection.md").read_text()
+    assert "NVIDIA_CTK_STANDIN_SYSTEM_ROOT=$NODE" in guide

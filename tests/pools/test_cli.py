@@ -34,7 +34,7 @@ def test_validate_reports_all_errors_of_all_files(capsys: pytest.CaptureFixture[
     assert code == EXIT_INVALID
     assert 'microvm-gpu.yaml: error: spec.template.resources.limits["nvidia.com/gpu"]' in err
     assert err.count("several.yaml#2: error:") == 3
-    assert "several.yaml#1" not in err
+    assert "several.yaml#1: error" not in err
 
 
 def test_validate_warning_alone_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
@@ -138,3 +138,113 @@ def test_render_bad_yaml_exits_three(capsys: pytest.CaptureFixture[str]) -> None
     code, out, err = run(capsys, "render", DATA / "invalid" / "bad-yaml.yaml")
     assert (code, out) == (EXIT_INVALID, "")
     assert "bad-yaml.yaml:4:" in err
+
+
+def test_render_several_files_prints_every_deployment_in_order(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """render FILE FILE …: each file's pools render, in the order given, as one stream."""
+    code, out, _ = run(
+        capsys, "render", DATA / "valid" / "mps-pool.yaml", DATA / "valid" / "cpu-pool.yaml"
+    )
+    assert code == EXIT_OK
+    assert [d["metadata"]["name"] for d in yaml.safe_load_all(out)] == [
+        "mps-pool-workers",
+        "cpu-pool-workers",
+    ]
+
+
+def test_render_several_files_with_an_invalid_one_prints_nothing_and_names_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One invalid file among several: every file is checked, the bad one named, exit 3."""
+    code, out, err = run(
+        capsys,
+        "render",
+        DATA / "valid" / "cpu-pool.yaml",
+        DATA / "invalid" / "microvm-gpu.yaml",
+        DATA / "invalid" / "bad-yaml.yaml",
+    )
+    assert (code, out) == (EXIT_INVALID, "")
+    assert "microvm-gpu.yaml: error:" in err and "bad-yaml.yaml:4:" in err
+    assert "cpu-pool.yaml" not in err
+
+
+def test_render_several_files_with_a_missing_one_exits_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A file that cannot be read wins over invalid ones: exit 1, nothing on stdout."""
+    code, out, err = run(
+        capsys,
+        "render",
+        DATA / "invalid" / "microvm-gpu.yaml",
+        tmp_path / "nope.yaml",
+        DATA / "valid" / "cpu-pool.yaml",
+    )
+    assert (code, out) == (EXIT_FAILED, "")
+    assert "nope.yaml" in err and "microvm-gpu.yaml: error:" in err
+
+
+def test_render_several_files_names_the_pool_without_an_image(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool that cannot render (no image) is named with its file; nothing printed; exit 1."""
+    monkeypatch.delenv("ATE_DEFAULT_ATEOM_IMAGE", raising=False)
+    code, out, err = run(
+        capsys, "render", DATA / "valid" / "cpu-pool.yaml", DATA / "valid" / "user-documented.yaml"
+    )
+    assert (code, out) == (EXIT_FAILED, "")
+    assert "user-documented.yaml: error: while rendering WorkerPool" in err
+
+
+def test_validate_warns_when_a_pool_has_no_image_and_none_is_configured(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No spec.ateomImage and no ATE_DEFAULT_ATEOM_IMAGE: render would refuse it, so warn."""
+    monkeypatch.delenv("ATE_DEFAULT_ATEOM_IMAGE", raising=False)
+    code, _, err = run(capsys, "validate", DATA / "valid" / "user-documented.yaml")
+    assert code == EXIT_OK
+    assert "user-documented.yaml: warning: spec.ateomImage: not set" in err
+    assert "ATE_DEFAULT_ATEOM_IMAGE" in err and "--ateom-image" in err
+
+
+@pytest.mark.parametrize(
+    "configured",
+    [pytest.param(["--ateom-image", "ateom:9"], id="flag"), pytest.param([], id="env")],
+)
+def test_validate_does_not_warn_about_the_image_when_one_is_configured(
+    configured: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A default image from the environment or --ateom-image covers pools that name none."""
+    monkeypatch.setenv("ATE_DEFAULT_ATEOM_IMAGE", "ateom:1")
+    if configured:
+        monkeypatch.delenv("ATE_DEFAULT_ATEOM_IMAGE")
+    _, _, err = run(capsys, "validate", DATA / "valid" / "user-documented.yaml", *configured)
+    assert "spec.ateomImage" not in err
+
+
+def test_deploy_files_without_the_examples_folder_exits_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A missing --examples folder is named; nothing is written (not a deploy/ without pools)."""
+    output = tmp_path / "deploy"
+    code, _, err = run(capsys, "deploy-files", "--examples", tmp_path / "nope", "--output", output)
+    assert code == EXIT_FAILED
+    assert f"{tmp_path / 'nope'}" in err and "check the path" in err
+    assert not output.exists()
+
+
+def test_deploy_files_into_an_unwritable_place_exits_one_without_a_traceback(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--output under a regular file: exit 1 with the path and the reason in words."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, _, err = run(
+        capsys, "deploy-files", "--examples", DATA / "valid", "--output", blocker / "deploy"
+    )
+    assert code == EXIT_FAILED
+    assert f"while writing {blocker / 'deploy'}" in err
+    assert "[Errno" not in err and "Traceback" not in err
