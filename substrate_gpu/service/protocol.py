@@ -42,12 +42,28 @@ MAX_LINE_BYTES: Final = 64 * 1024
 #: ``--checkpoint-root``, so no ``/``, no ``..``, nothing runsc refuses.
 ACTOR_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
+#: The kinds of error a connection (not a request line) gets before the agent hangs up:
+#: ``busy`` (``--max-clients`` reached), ``timeout`` (a line not finished in
+#: ``--line-timeout``). They are counted as connections, not as rejected events.
+CONNECTION_ERROR_KINDS: Final[frozenset[str]] = frozenset({"busy", "timeout"})
+
 #: Every ``kind`` an error response can carry.
-ERROR_KINDS: Final[frozenset[str]] = frozenset(
-    {"malformed", "schema", "not_external", "invalid_in_state", "unknown_actor", "too_long"}
+ERROR_KINDS: Final[frozenset[str]] = (
+    frozenset(
+        {
+            "malformed",
+            "schema",
+            "not_external",
+            "invalid_in_state",
+            "unknown_actor",
+            "too_long",
+            "unavailable",
+        }
+    )
+    | CONNECTION_ERROR_KINDS
 )
 
-#: The ``substrate_gpu_events_rejected`` reason for each error kind (bounded label values).
+#: The ``substrate_gpu_events_rejected`` reason for each request error kind (bounded values).
 REJECTION_REASONS: Final[Mapping[str, str]] = {
     "malformed": "malformed",
     "schema": "malformed",
@@ -55,7 +71,13 @@ REJECTION_REASONS: Final[Mapping[str, str]] = {
     "too_long": "malformed",
     "invalid_in_state": "invalid_in_state",
     "unknown_actor": "unknown_actor",
+    "unavailable": "log_unavailable",
 }
+
+#: The event times (``at``, seconds since the epoch) a request may carry: the epoch to the
+#: last second of year 9999 UTC, what a calendar (``datetime``) can show. Anything else is a
+#: client bug, and once logged it would follow the log into every replay.
+AT_RANGE: Final = (0.0, 253_402_300_799.0)
 
 
 @dataclass(frozen=True)
@@ -76,6 +98,9 @@ def parse_request(line: bytes) -> events.Event | RequestError:
         data: object = json.loads(line)
     except (ValueError, UnicodeDecodeError) as e:
         return RequestError("malformed", f"request is not valid JSON: {e}")
+    except RecursionError:
+        # json's decoder recurses per nesting level: 2,000 '[' exhaust the stack.
+        return RequestError("malformed", "request is nested too deeply to be an event")
     if not isinstance(data, dict):
         return RequestError(
             "malformed", f"request must be a JSON object (an event), got {type(data).__name__}"
@@ -88,9 +113,9 @@ def parse_request(line: bytes) -> events.Event | RequestError:
             "request must not carry 'seq': the agent assigns it when it accepts the event",
             actor_id,
         )
-    at = data.get("at")
-    if isinstance(at, float) and not math.isfinite(at):
-        return RequestError("schema", f"event field 'at' must be a finite number, got {at}")
+    at_error = at_problem(data.get("at"))
+    if at_error is not None:
+        return RequestError("schema", at_error, actor_id)
     try:
         event = events.from_dict(data)
     except errors.EventSchemaError as e:
@@ -113,6 +138,27 @@ def parse_request(line: bytes) -> events.Event | RequestError:
             f"{ACTOR_ID.pattern} (letters, digits, '_', '.', '-'; 1-128 characters)",
         )
     return event
+
+
+def at_problem(at: object) -> str | None:
+    """Why ``at`` cannot be a request's event time; None when it can (or is absent).
+
+    A value of the wrong type is left to the event schema, which names the field and type.
+    """
+    if at is None or isinstance(at, bool) or not isinstance(at, int | float):
+        return None
+    low, high = AT_RANGE
+    try:
+        seconds = float(at)
+    except OverflowError:
+        seconds = math.inf
+    if math.isfinite(seconds) and low <= seconds <= high:
+        return None
+    shown = repr(at) if len(repr(at)) <= 24 else f"{repr(at)[:20]}..."
+    return (
+        f"event field 'at' must be a finite time in seconds since the epoch between "
+        f"{low:.0f} and {high:.0f} (year 9999), got {shown}"
+    )
 
 
 def classify_refusal(error: errors.InvalidEvent) -> RequestError:

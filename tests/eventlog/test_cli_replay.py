@@ -93,3 +93,18 @@ def test_a_missing_log_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str
     """Nothing to read is a failure, not an empty timeline."""
     assert _run(str(tmp_path / "nope.jsonl")) == 1
     assert "no event log at" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("at", [-1e300, 1e300, 1e20])
+def test_a_logged_time_no_calendar_can_show_is_a_warning_not_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], at: float
+) -> None:
+    """An ``at`` older agents accepted (-1e300): the timeline shows the raw value, exit 0."""
+    line = logs.registered("a", 1).replace('"at":1.0', f'"at":{at!r}')
+    assert f"{at!r}" in line
+    log = logs.write_lines(tmp_path / "events.jsonl", logs.header(), line)
+    assert _run(str(log)) == 0
+    captured = capsys.readouterr()
+    assert "final: registered" in captured.out
+    assert f"{at!r}" in captured.out
+    assert "warning" in captured.err and "seq 1" in captured.err and "'at'" in captured.err
