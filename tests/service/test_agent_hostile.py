@@ -244,7 +244,8 @@ def test_slow_writers_cannot_grow_memory_without_bound(tmp_path):
         time.sleep(1.0)
         grown = rss_kib(agent.process.pid) - before
         assert agent.process.poll() is None
-        assert grown < 32 * 1024, f"RSS grew {grown} KiB under 300 slow writers"
+        # Unbounded (--max-clients 1000) this grows by ~19 MiB; capped at 32, by ~2 MiB.
+        assert grown < 8 * 1024, f"RSS grew {grown} KiB under 300 slow writers"
     finally:
         for s in writers:
             s.close()
