@@ -139,7 +139,11 @@ def test_the_listen_backlog_fits_a_burst_of_scrapers(registry: CollectorRegistry
 def test_fifty_concurrent_scrapers_are_all_answered_round_after_round(
     registry: CollectorRegistry,
 ) -> None:
-    """50 scrapers at once, 8 rounds, each with a 2 s timeout: all 400 answered."""
+    """50 scrapers at once, 8 rounds: all 400 answered.
+
+    (The regression itself, SYNs dropped by a backlog of 5, is pinned deterministically by
+    the backlog test above; the timeout here is generous so a loaded CI host cannot flake.)
+    """
     _populate(registry)
     failures: list[str] = []
     answered: list[int] = []
@@ -148,7 +152,7 @@ def test_fifty_concurrent_scrapers_are_all_answered_round_after_round(
 
         def scrape() -> None:
             try:
-                _, body = fetch(server.url, timeout=2)
+                _, body = fetch(server.url, timeout=10)
                 answered.append(len(body))
             except OSError as e:
                 failures.append(repr(e))
