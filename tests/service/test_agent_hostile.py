@@ -8,11 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 import resource
+import shutil
 import socket
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from support import real
 
 from substrate_gpu.eventlog import read_log
 from substrate_gpu.service import protocol
@@ -383,19 +386,16 @@ def test_events_for_unknown_actors_are_counted_not_logged(tmp_path):
 
 
 @pytest.fixture
-def immutable(tmp_path):
-    """``chattr +i`` a path for the test (root on a filesystem that supports it), undone after."""
-    import shutil
-    import subprocess
-
+def immutable():
+    """``chattr +i`` a path for the test (root, a filesystem that supports it), undone after."""
     made: list[Path] = []
     if shutil.which("chattr") is None:
-        pytest.skip("chattr is not installed")
+        real.missing("chattr")
 
     def make(path: Path) -> None:
         done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False)
         if done.returncode != 0:
-            pytest.skip(f"chattr +i is not possible here: {done.stderr.decode().strip()}")
+            real.missing("chattr +i", f"fails here: {done.stderr.decode().strip()}")
         made.append(path)
 
     yield make
