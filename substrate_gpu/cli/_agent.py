@@ -54,6 +54,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=config_.DEFAULT_DRAIN_TIMEOUT,
         help="on SIGTERM/SIGINT, seconds to let running effects finish (default: %(default)s)",
     )
+    limits = parser.add_argument_group("client limits (socket)")
+    limits.add_argument(
+        "--max-clients",
+        type=int,
+        default=config_.DEFAULT_MAX_CLIENTS,
+        help="clients served at once; one more is answered 'busy' (default: %(default)s)",
+    )
+    limits.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=config_.DEFAULT_IDLE_TIMEOUT,
+        help="seconds a client may stay connected sending nothing (default: %(default)s)",
+    )
+    limits.add_argument(
+        "--line-timeout",
+        type=float,
+        default=config_.DEFAULT_LINE_TIMEOUT,
+        help="seconds a client has to finish a line it started, and to take an answer "
+        "(default: %(default)s)",
+    )
     metrics = parser.add_argument_group("metrics")
     metrics.add_argument(
         "--metrics-host", default=DEFAULT_HOST, help="metrics address (default: %(default)s)"
@@ -137,6 +157,18 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
         raise exceptions.ConfigError(
             f"while reading --metrics-port: {args.metrics_port} is not a port (0-65535)"
         )
+    if args.max_clients < 1:
+        raise exceptions.ConfigError(
+            f"while reading --max-clients: {args.max_clients} must be at least 1"
+        )
+    for flag, seconds in (
+        ("--idle-timeout", args.idle_timeout),
+        ("--line-timeout", args.line_timeout),
+    ):
+        if not seconds > 0 or seconds == float("inf"):
+            raise exceptions.ConfigError(
+                f"while reading {flag}: {seconds} must be a positive number of seconds"
+            )
     for flag in args.runsc_flags:
         # A positional here would become runsc's subcommand (Go's flag stops at it).
         if not flag.startswith("-"):
@@ -159,6 +191,9 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
         dev_root=args.dev_root,
         checkpoint_root=args.checkpoint_root,
         drain_timeout=args.drain_timeout,
+        max_clients=args.max_clients,
+        idle_timeout=args.idle_timeout,
+        line_timeout=args.line_timeout,
         driver_preflight=args.driver_preflight,
         cuda_checkpoint=args.cuda_checkpoint,
         sandbox_cuda_checkpoint=args.sandbox_cuda_checkpoint,

@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
             f"substrate-gpu replay: warning: {path}: {contents.torn_tail.describe()}",
             file=sys.stderr,
         )
+    _warn_unshowable_times(path, contents)
     timelines = _timelines(contents, result, args.actor)
     try:
         if args.json:
@@ -141,8 +142,27 @@ def _timelines(
 
 
 def _when(at: float) -> str:
-    moment = datetime.datetime.fromtimestamp(at, tz=datetime.UTC)
+    """``at`` as an ISO time; the raw number when no calendar can show it."""
+    try:
+        moment = datetime.datetime.fromtimestamp(at, tz=datetime.UTC)
+    except (OverflowError, OSError, ValueError):
+        # Agents before the request check accepted any finite 'at' (-1e300): show it as is.
+        return repr(at)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _warn_unshowable_times(path: Path, contents: reader.LogContents) -> None:
+    """One warning per record whose time :func:`_when` cannot show as a date."""
+    for record in contents.records:
+        event = record.event if isinstance(record, format.Rejection) else record
+        if _when(event.at) != repr(event.at):
+            continue
+        where = f"seq {event.seq}" if event.seq else f"a refused {event.type!r}"
+        print(
+            f"substrate-gpu replay: warning: {path}: {where} of actor {event.actor_id!r}: "
+            f"'at' {event.at!r} is not a time a calendar can show; shown as the raw number",
+            file=sys.stderr,
+        )
 
 
 def _print_text(

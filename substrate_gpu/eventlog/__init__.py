@@ -10,7 +10,12 @@ docs/event-log.md is the user-facing account.
 
 from __future__ import annotations
 
-from substrate_gpu.eventlog.errors import CorruptLogError, EventLogError, ReplayDivergence
+from substrate_gpu.eventlog.errors import (
+    CorruptLogError,
+    EventLogError,
+    EventLogLocked,
+    ReplayDivergence,
+)
 from substrate_gpu.eventlog.format import Header, Rejection
 from substrate_gpu.eventlog.reader import LogContents, TornTail, read_log
 from substrate_gpu.eventlog.recovery import (
@@ -23,7 +28,7 @@ from substrate_gpu.eventlog.recovery import (
 )
 from substrate_gpu.eventlog.replayer import ReplayResult, replay
 from substrate_gpu.eventlog.snapshot import Snapshot
-from substrate_gpu.eventlog.writer import EventLog
+from substrate_gpu.eventlog.writer import EventLog, LogLock, lock
 from substrate_gpu.lifecycle.agent import ResumePoint
 
 __all__ = [
@@ -31,8 +36,10 @@ __all__ = [
     "Decision",
     "EventLog",
     "EventLogError",
+    "EventLogLocked",
     "Header",
     "LogContents",
+    "LogLock",
     "Reconciliation",
     "Recovery",
     "Rejection",
@@ -43,6 +50,7 @@ __all__ = [
     "TornTail",
     "decide",
     "image_is_whole",
+    "lock",
     "read_log",
     "recover",
     "replay",

@@ -11,6 +11,23 @@ class EventLogError(exceptions.SubstrateGpuError):
     """Reading, writing or replaying an event log failed; the message names the file."""
 
 
+class EventLogLocked(EventLogError):
+    """Another process holds the log's lock: two writers would both append ``seq`` N+1.
+
+    ``holder`` is the pid the lock file names (None when it names none yet).
+    """
+
+    def __init__(self, path: Path, lock_path: Path, holder: int | None) -> None:
+        self.path = path
+        self.lock_path = lock_path
+        self.holder = holder
+        who = f"another process (pid {holder})" if holder else "another process"
+        super().__init__(
+            f"while locking event log {path}: {who} holds its lock {lock_path}; "
+            "one agent per event log: stop the other agent or give this one another --event-log"
+        )
+
+
 class CorruptLogError(EventLogError):
     """A complete line of the log (or its snapshot) cannot be read.
 

@@ -29,12 +29,27 @@ is intact and the new snapshot is an unreferenced file; after 2 the new segment 
 snapshot are complete. :meth:`EventLog.open` removes unreferenced snapshots and temp files.
 To snapshot, the log keeps its own copy of every actor's state (the agent's machine, fed
 each batch as it is written), so rotation never reads the log back.
+
+**The path still names the file.** Appending to an open descriptor succeeds even when the
+log's file was unlinked (its directory removed) or another file was renamed over it; the
+events would be gone at the next start. After each batch's fsync the writer compares the
+path's ``st_dev``/``st_ino`` with the open descriptor's (one ``stat`` per batch), and fails
+the log before any recorder of that batch is acknowledged.
+
+**One writer per log.** :func:`lock` takes an exclusive ``flock`` on ``<log>.lock`` (beside
+the log, not on the log itself: rotation replaces the log's file, and a lock on the old one
+would no longer exclude anyone) and writes the holder's pid into it. The agent holds it for
+its lifetime, from before recovery reads the log. The lock file is never removed: removing
+it would let a third process lock a fresh file while the second still waits on the old one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,7 +119,7 @@ class EventLog:
         self._rotate_bytes = rotate_bytes
         self._queued_seq = contents.last_seq
         self._size = contents.valid_bytes
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._fd: int | None = _open_for_append(path)
         self._open_batch = _Batch()
         self._flushing = False
         self._flushed = anyio.Event()
@@ -134,7 +149,12 @@ class EventLog:
         """
         if max_batch < 1 or max_delay < 0:
             raise ValueError("max_batch must be at least 1 and max_delay not negative")
-        contents = await anyio.to_thread.run_sync(_prepare, path)
+        try:
+            contents = await anyio.to_thread.run_sync(_prepare, path)
+        except OSError as e:
+            raise errors.EventLogError(
+                f"while opening event log {path} for appending: {_describe(e)}"
+            ) from e
         if contents.torn_tail is not None:
             _log.warning(
                 "event log has a torn tail", path=str(path), tail=contents.torn_tail.describe()
@@ -287,6 +307,25 @@ class EventLog:
             view = view[written:]
         os.fdatasync(fd)
         self._size += len(data)
+        self._check_still_named(fd)
+
+    def _check_still_named(self, fd: int) -> None:
+        """Raise unless :attr:`path` still names the open file (see the module doc)."""
+        opened = os.fstat(fd)
+        try:
+            named = self.path.stat()
+        except OSError as e:
+            raise errors.EventLogError(
+                f"event log {self.path} no longer names the file being written "
+                f"({e.strerror or e}: removed, or its directory was); the last "
+                "records are not acknowledged; restore the log's directory and restart"
+            ) from e
+        if (named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino):
+            raise errors.EventLogError(
+                f"event log {self.path} no longer names the file being written (another "
+                "file was put in its place); the last records are not acknowledged; find out "
+                "what replaced it and restart the agent"
+            )
 
     # --- rotation ------------------------------------------------------------------------
 
@@ -309,9 +348,107 @@ class EventLog:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._fd = _open_for_append(self.path)
         self._size = len(header)
         remove_stale_step(self.path, keep=written.name)
+
+
+def _open_for_append(path: Path) -> int:
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    except OSError as e:
+        raise errors.EventLogError(
+            f"while opening event log {path} for appending: {_describe(e)}"
+        ) from e
+
+
+def _describe(error: OSError) -> str:
+    """An OSError as an operator reads it, with what to check for the common causes."""
+    text = error.strerror or str(error)
+    if error.errno in (errno.EPERM, errno.EACCES, errno.EROFS):
+        return (
+            f"{text}; check that the log and its directory are writable by the agent "
+            "(not on a read-only mount, not immutable: lsattr)"
+        )
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{text}; free space on the log's filesystem"
+    return text
+
+
+# --- one writer per log ----------------------------------------------------------------------
+
+
+class LogLock:
+    """An exclusive lock on an event log, held until :meth:`close` (see the module doc)."""
+
+    def __init__(self, log: Path, path: Path, fd: int) -> None:
+        self.log = log
+        """The event log the lock guards."""
+        self.path = path
+        """The lock file (``<log>.lock``)."""
+        self._fd: int | None = fd
+
+    def close(self) -> None:
+        """Release the lock (idempotent); the lock file stays."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def lock(log: Path) -> LogLock:
+    """Lock ``log`` for this process, or raise :class:`EventLogLocked` naming the holder.
+
+    Never waits: a second agent on the same log must fail at once, not queue behind the
+    first. Creates the log's directory when absent, as opening the log does. Any other
+    failure (read-only, immutable) is an :class:`EventLogError`.
+    """
+    lock_path = log.with_name(log.name + ".lock")
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)  # as opening the log would
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise errors.EventLogError(
+            f"while locking event log {log} (lock file {lock_path}): {_describe(e)}"
+        ) from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read_holder(fd)
+        os.close(fd)
+        raise errors.EventLogLocked(log, lock_path, holder) from None
+    except OSError as e:
+        os.close(fd)
+        raise errors.EventLogError(
+            f"while locking event log {log} (lock file {lock_path}): {_describe(e)}"
+        ) from e
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as e:
+        os.close(fd)
+        raise errors.EventLogError(
+            f"while writing this agent's pid into {lock_path}: {_describe(e)}"
+        ) from e
+    return LogLock(log, lock_path, fd)
+
+
+def _read_holder(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 # --- the rotation steps (separate so tests can stop between any two) -----------------------
@@ -358,6 +495,7 @@ def _prepare(path: Path) -> reader.LogContents:
     """Create, repair (torn tail) and clean up the log at ``path``; what it holds."""
     if not path.exists() or path.stat().st_size == 0:
         return _create(path)
+    _check_directory_writable(path)
     contents = reader.read_log(path)
     if contents.valid_bytes == 0:
         # The header itself was torn: nothing was ever logged.
@@ -374,6 +512,13 @@ def _prepare(path: Path) -> reader.LogContents:
             os.close(fd)
     _remove_stale(path, keep=contents.header.snapshot)
     return contents
+
+
+def _check_directory_writable(path: Path) -> None:
+    """Fail now, not at the first rotation hours later, when the log's directory is read-only."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    Path(name).unlink()
 
 
 def _create(path: Path) -> reader.LogContents:

@@ -7,17 +7,25 @@ code (``with``) and from an anyio application (``async with``: stopping runs in 
 thread so the event loop is never blocked). Content negotiation is prometheus-client's:
 ``Accept: application/openmetrics-text`` gets OpenMetrics (with exemplars), anything else
 the classic text format.
+
+**Bursts and slow clients.** prometheus-client's server listens with socketserver's backlog
+of 5: under 50 concurrent scrapers the kernel drops connection attempts, which the clients
+see as 1 s+ stalls or timeouts. Ours listens with :data:`LISTEN_BACKLOG`, serves each
+connection in a daemon thread, and gives every connection ``timeout`` seconds per read or
+write, so a client that connects and sends nothing holds a thread for that long, not forever.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 from types import TracebackType
 from typing import Final, Self
-from wsgiref.simple_server import WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import anyio.to_thread
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from substrate_gpu import exceptions
 
@@ -28,6 +36,25 @@ DEFAULT_HOST: Final = "127.0.0.1"
 
 DEFAULT_PORT: Final = 9477
 """The agent's metrics port (``--metrics-port``); 0 asks the kernel for a free one."""
+
+DEFAULT_TIMEOUT: Final = 10.0
+"""Seconds a scrape connection may take per read or write before it is closed."""
+
+LISTEN_BACKLOG: Final = 1024
+"""Connections the kernel queues before accepting (the kernel caps it at somaxconn)."""
+
+
+class _Server(ThreadingWSGIServer):
+    request_queue_size = LISTEN_BACKLOG
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # A client that timed out or hung up is routine, not a traceback on stderr.
+        pass
+
+
+class _Handler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
 
 
 class MetricsServer:
@@ -42,10 +69,12 @@ class MetricsServer:
         *,
         host: str = DEFAULT_HOST,
         port: int = DEFAULT_PORT,
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self._registry = registry
         self._host = host
         self._requested_port = port
+        self._timeout = timeout
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -77,14 +106,27 @@ class MetricsServer:
                 f"while starting the metrics server on {self._host}: it is already running"
             )
         try:
-            server, thread = start_http_server(
-                self._requested_port, addr=self._host, registry=self._registry
+            family = socket.getaddrinfo(
+                self._host, self._requested_port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0][0]
+            server_class = type("_BoundServer", (_Server,), {"address_family": family})
+            handler_class = type("_TimedHandler", (_Handler,), {"timeout": self._timeout})
+            server: WSGIServer = make_server(
+                self._host,
+                self._requested_port,
+                make_wsgi_app(self._registry),
+                server_class=server_class,
+                handler_class=handler_class,
             )
         except OSError as e:
             raise exceptions.ConfigError(
                 f"while starting the metrics server on {self._host}:{self._requested_port}: "
                 f"{e.strerror or e}; choose another --metrics-port or --metrics-host"
             ) from e
+        thread = threading.Thread(
+            target=server.serve_forever, name="substrate-gpu-metrics", daemon=True
+        )
+        thread.start()
         self._server, self._thread = server, thread
 
     def stop(self) -> None:

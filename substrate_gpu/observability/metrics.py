@@ -37,6 +37,7 @@ __all__ = [
     "ACTOR_STATES",
     "CHECKPOINT_FAILURE_REASONS",
     "CHECKPOINT_REFUSAL_REASONS",
+    "CONNECTION_CLOSE_REASONS",
     "EVENT_REJECTION_REASONS",
     "INJECTION_EFFECTS",
     "INJECTION_HOOKS",
@@ -131,9 +132,14 @@ INJECTION_HOOKS: Final[frozenset[str]] = frozenset(
 """OCI hook subcommands nvidia-ctk is known to emit (brief §3.6)."""
 
 EVENT_REJECTION_REASONS: Final[frozenset[str]] = frozenset(
-    {"invalid_in_state", "unknown_actor", "malformed", "duplicate", "queue_full"}
+    {"invalid_in_state", "unknown_actor", "malformed", "duplicate", "queue_full", "log_unavailable"}
 )
 """Why the agent refused an incoming event."""
+
+CONNECTION_CLOSE_REASONS: Final[frozenset[str]] = frozenset(
+    {"max_clients", "idle_timeout", "line_timeout", "send_timeout", "too_long"}
+)
+"""Why the agent hung up on a client (docs/agent.md, "Limits")."""
 
 # Buckets. Injection edits a config.json and stats a few device nodes: 0.5 ms .. 2.5 s.
 _INJECTION_BUCKETS: Final = (
@@ -357,6 +363,28 @@ class AgentMetrics:
             ["reason"],
             registry=registry,
         )
+        self._connections = Gauge(
+            "substrate_gpu_connections",
+            "Clients connected to the agent's socket now.",
+            registry=registry,
+        )
+        self._connections_closed = Counter(
+            "substrate_gpu_connections_closed",
+            "Client connections the agent hung up on, by reason (limits and timeouts).",
+            ["reason"],
+            registry=registry,
+        )
+        self._accept_errors = Counter(
+            "substrate_gpu_accept_errors",
+            "accept() failures the agent backed off from (out of file descriptors, memory).",
+            registry=registry,
+        )
+        self._event_log_usable = Gauge(
+            "substrate_gpu_event_log_usable",
+            "1 while the event log accepts appends; 0 once it failed (nothing is acknowledged).",
+            registry=registry,
+        )
+        self._event_log_usable.set(1)
         self._queue_depth = Gauge(
             "substrate_gpu_event_queue_depth",
             "Events waiting in the agent's pipeline.",
@@ -380,6 +408,8 @@ class AgentMetrics:
             self._checkpoint_failures.labels(reason)
         for reason in EVENT_REJECTION_REASONS:
             self._events_rejected.labels(reason)
+        for reason in CONNECTION_CLOSE_REASONS:
+            self._connections_closed.labels(reason)
         self._transition_children: dict[tuple[str, str, str], Counter] = {}
         for source, dest, trigger in transitions or ():
             self._transition_child(source, dest, trigger)
@@ -457,6 +487,22 @@ class AgentMetrics:
         self._events_rejected.labels(_bounded(reason, EVENT_REJECTION_REASONS)).inc(
             exemplar=_exemplar(actor_id)
         )
+
+    def connections(self, count: int) -> None:
+        """Set how many clients are connected to the socket."""
+        self._connections.set(count)
+
+    def connection_closed(self, reason: str) -> None:
+        """Count a client the agent hung up on (``max_clients``, ``idle_timeout``, …)."""
+        self._connections_closed.labels(_bounded(reason, CONNECTION_CLOSE_REASONS)).inc()
+
+    def accept_error(self) -> None:
+        """Count an ``accept()`` failure the agent backed off from (EMFILE, ENOMEM, …)."""
+        self._accept_errors.inc()
+
+    def event_log_failed(self) -> None:
+        """Mark the event log unusable: the agent acknowledges nothing more."""
+        self._event_log_usable.set(0)
 
 
 def _package_version() -> str:

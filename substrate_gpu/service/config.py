@@ -13,6 +13,9 @@ DEFAULT_RUNSC_ROOT: Final = Path("/var/run/runsc")
 DEFAULT_CHECKPOINT_ROOT: Final = Path("/var/lib/substrate-gpu/checkpoints")
 DEFAULT_CDI_OUTPUT_DIR: Final = Path("/var/run/cdi")
 DEFAULT_DRAIN_TIMEOUT: Final = 30.0
+DEFAULT_MAX_CLIENTS: Final = 256
+DEFAULT_IDLE_TIMEOUT: Final = 300.0
+DEFAULT_LINE_TIMEOUT: Final = 10.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,12 @@ class AgentConfig:
     """Checkpoint images go to ``<checkpoint_root>/<actor>/<seq>``."""
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     """On SIGTERM/SIGINT: seconds to let running effects finish before closing."""
+    max_clients: int = DEFAULT_MAX_CLIENTS
+    """Socket clients served at once; one more is answered ``busy`` and disconnected."""
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    """Seconds a socket client may stay connected without sending a byte."""
+    line_timeout: float = DEFAULT_LINE_TIMEOUT
+    """Seconds a socket client has to finish a line it started (and to read an answer)."""
     extra_env: tuple[tuple[str, str], ...] = ()
     """Environment added to nvidia-ctk's (a proxy, a toolkit setting, a stand-in's knobs)."""
     driver_preflight: bool = True

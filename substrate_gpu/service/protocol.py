@@ -52,14 +52,27 @@ MAX_LINE_BYTES: Final = 64 * 1024
 ACTOR_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 ErrorKind = Literal[
-    "malformed", "schema", "not_external", "invalid_in_state", "unknown_actor", "too_long"
+    "malformed",
+    "schema",
+    "not_external",
+    "invalid_in_state",
+    "unknown_actor",
+    "too_long",
+    "unavailable",
+    "busy",
+    "timeout",
 ]
-"""Why a request line was refused."""
+"""Why a request line (or a connection) was refused."""
 
 #: Every ``kind`` an error response can carry.
 ERROR_KINDS: Final[frozenset[str]] = frozenset(ErrorKind.__args__)  # type: ignore[attr-defined]
 
-#: The ``substrate_gpu_events_rejected`` reason for each error kind (bounded label values).
+#: The kinds of error a connection (not a request line) gets before the agent hangs up:
+#: ``busy`` (``--max-clients`` reached), ``timeout`` (a line not finished in
+#: ``--line-timeout``). They are counted as connections, not as rejected events.
+CONNECTION_ERROR_KINDS: Final[frozenset[str]] = frozenset({"busy", "timeout"})
+
+#: The ``substrate_gpu_events_rejected`` reason for each request error kind (bounded values).
 REJECTION_REASONS: Final[Mapping[str, str]] = {
     "malformed": "malformed",
     "schema": "malformed",
@@ -67,6 +80,7 @@ REJECTION_REASONS: Final[Mapping[str, str]] = {
     "too_long": "malformed",
     "invalid_in_state": "invalid_in_state",
     "unknown_actor": "unknown_actor",
+    "unavailable": "log_unavailable",
 }
 
 

@@ -17,33 +17,50 @@ Design decisions:
   answered (shielded); then running effects get ``drain_timeout`` seconds to finish, the
   Agent closes (effects still running are cancelled: their actors stay in flight, for
   recovery to reconcile), and the event log is closed last.
-- **A broken event log stops the agent** (exit 1): memory and log would disagree.
+- **Every line gets an answer; no line ends the process.** Decoding a line is wrapped in a
+  per-line boundary (:meth:`AgentService.handle_line`): whatever the decoder raises becomes
+  a ``malformed`` answer for that line.
+- **A failed event log stops acknowledgements, not the process.** Once the log fails (a
+  write error, a full disk, the log's file no longer at its path), every later line is
+  answered ``unavailable`` with the cause, ``substrate_gpu_event_log_usable`` drops to 0 and
+  the failure is logged once: memory and log may disagree, so nothing more is accepted until
+  an operator fixes the log and restarts the agent. Staying up keeps the reason visible to
+  clients and to Prometheus (an exit would let a supervisor restart it onto an empty log).
+- **Bounded clients** (socket): at most ``max_clients`` connections are served, one more is
+  answered ``busy`` and closed; a connection silent for ``idle_timeout`` seconds, or holding
+  a partial line (or an unread answer) for ``line_timeout`` seconds, is closed. A line is
+  buffered up to :data:`protocol.MAX_LINE_BYTES` and no further. ``accept`` failing for
+  lack of file descriptors or memory is backed off from, never fatal.
+- **One agent per log and per socket.** The log is locked (:func:`eventlog.lock`) before
+  recovery reads it; an existing socket file is replaced only when nothing answers on it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
+import socket
 import stat
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Final
 
 import anyio
 import anyio.to_thread
 import structlog
-from anyio.abc import ByteStream, TaskStatus
-from anyio.streams.buffered import BufferedByteReceiveStream
+from anyio.abc import ByteStream, SocketListener, TaskGroup, TaskStatus
 
-from substrate_gpu import exceptions
+from substrate_gpu import eventlog, exceptions
 from substrate_gpu.lifecycle import Agent, errors, events, machine
 from substrate_gpu.lifecycle.effects import GpuInjector
 from substrate_gpu.observability import AgentMetrics, AgentRegistry, MetricsServer
 from substrate_gpu.probes.api import CudaContextProbe
 from substrate_gpu.runsc.api import SandboxRuntime
+from substrate_gpu.service import config as config_
 from substrate_gpu.service import protocol, recovery, wiring
 from substrate_gpu.service.config import AgentConfig
 
@@ -55,37 +72,60 @@ class AgentService:
 
     def __init__(self, agent: Agent, metrics: AgentMetrics | None = None) -> None:
         self.agent = agent
-        self._metrics = metrics
+        self.metrics = metrics
+        """Where refusals, connections and a failed log are counted (None: nowhere)."""
+        self.log_failure: str | None = None
+        """Why the event log failed (set once; every later line is answered unavailable)."""
         self._answering: set[anyio.CancelScope] = set()
         self._grace_deadline: float | None = None
 
-    async def submit(self, event: events.Event) -> bytes:
-        """Submit ``event``; the response line (an ack, or the machine's refusal)."""
+    async def submit(self, event: events.Event, line_number: int = 0) -> bytes:
+        """Submit ``event``; the response line (an ack, the machine's refusal, unavailable)."""
+        if self.log_failure is not None:
+            return self.reject(unavailable(self.log_failure), line_number)
         try:
             transition = await self.agent.submit(event)
         except errors.InvalidEvent as e:
-            return self.reject(protocol.classify_refusal(e), 0)
+            return self.reject(protocol.classify_refusal(e), line_number)
+        except (eventlog.EventLogError, errors.AgentClosedError) as e:
+            self._log_failed(e)
+            return self.reject(unavailable(self.log_failure or str(e)), line_number)
         return protocol.ack(wiring.SeqTap.seq_of_last_submit(), transition)
 
     async def handle_line(self, line: bytes, line_number: int) -> bytes | None:
-        """The response to one request line; None for a blank line (ignored)."""
+        """The response to one request line; None for a blank line (ignored). Never raises
+        for anything in the line."""
         if not line.strip():
             return None
         if len(line) > protocol.MAX_LINE_BYTES:
             return self.reject(too_long(), line_number)
-        parsed = protocol.parse_request(line)
+        try:
+            parsed = protocol.parse_request(line)
+        except Exception as e:  # noqa: BLE001 (the per-line boundary: see the module doc)
+            log.warning("request decoder raised", line=line_number, error=repr(e)[:200])
+            parsed = protocol.RequestError(
+                "malformed", f"request could not be decoded ({type(e).__name__})"
+            )
         if isinstance(parsed, protocol.RequestError):
             return self.reject(parsed, line_number)
-        try:
-            transition = await self.agent.submit(parsed)
-        except errors.InvalidEvent as e:
-            return self.reject(protocol.classify_refusal(e), line_number)
-        return protocol.ack(wiring.SeqTap.seq_of_last_submit(), transition)
+        return await self.submit(parsed, line_number)
+
+    def _log_failed(self, error: BaseException) -> None:
+        """Stop acknowledging for good: the log (or the agent's recorder) failed."""
+        cause = error.__cause__ if isinstance(error, errors.AgentClosedError) else error
+        if not isinstance(cause, eventlog.EventLogError):
+            # Closed for another reason (shutting down): nothing to mark.
+            return
+        if self.log_failure is None:
+            self.log_failure = str(cause)
+            log.error("event log failed: acknowledging nothing more", error=str(cause))
+            if self.metrics is not None:
+                self.metrics.event_log_failed()
 
     def reject(self, error: protocol.RequestError, line_number: int) -> bytes:
         """Count and log a refused request; its response line."""
-        if self._metrics is not None:
-            self._metrics.event_rejected(protocol.REJECTION_REASONS.get(error.kind, "malformed"))
+        if self.metrics is not None:
+            self.metrics.event_rejected(protocol.REJECTION_REASONS.get(error.kind, "malformed"))
         log.info("request refused", kind=error.kind, line=line_number, error=error.message)
         return protocol.refusal(error, line_number)
 
@@ -115,42 +155,165 @@ class AgentService:
 def too_long() -> protocol.RequestError:
     """The error for a request line over :data:`protocol.MAX_LINE_BYTES`."""
     return protocol.RequestError(
-        "too_long", f"request line exceeds {protocol.MAX_LINE_BYTES} bytes"
+        "too_long",
+        f"request line exceeds {protocol.MAX_LINE_BYTES} bytes (the newline not counted)",
+    )
+
+
+def unavailable(cause: str) -> protocol.RequestError:
+    """The error for any request once the event log failed."""
+    return protocol.RequestError(
+        "unavailable",
+        f"the agent acknowledges nothing more: {cause}; the operator must fix the event log "
+        "and restart the agent",
     )
 
 
 # --- transports ----------------------------------------------------------------------------
 
 
-async def serve_stream(service: AgentService, stream: ByteStream) -> None:
-    """Serve one connection until the client closes it (or the intake is cancelled)."""
-    reader = BufferedByteReceiveStream(stream)
+@dataclass(frozen=True)
+class ClientLimits:
+    """How the socket bounds its clients (``--max-clients``, ``--idle-timeout``, ...)."""
+
+    max_clients: int = config_.DEFAULT_MAX_CLIENTS
+    """Connections served at once; one more is answered ``busy`` and closed."""
+    idle_timeout: float = config_.DEFAULT_IDLE_TIMEOUT
+    """Seconds a connection may stay silent between lines."""
+    line_timeout: float = config_.DEFAULT_LINE_TIMEOUT
+    """Seconds to finish a line once its first byte arrived, and to take an answer."""
+
+    @classmethod
+    def of(cls, config: AgentConfig) -> ClientLimits:
+        """The limits ``config`` sets."""
+        return cls(config.max_clients, config.idle_timeout, config.line_timeout)
+
+
+class _Hangup(Exception):
+    """The connection ends here; ``answer`` (if any) is sent first, ``reason`` counted."""
+
+    def __init__(self, reason: str | None, answer: protocol.RequestError | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.answer = answer
+
+
+class _LineReader:
+    """Splits a byte stream into lines, never buffering more than one line's worth.
+
+    A line is the bytes before ``\\n``, or before the end of the stream (the client's EOF),
+    at most :data:`protocol.MAX_LINE_BYTES` of them. The idle clock runs while no byte of a
+    line has arrived; the line clock starts at a line's first byte, so a client trickling a
+    byte at a time still has to finish within ``line_timeout``.
+    """
+
+    def __init__(self, stream: ByteStream, limits: ClientLimits) -> None:
+        self._stream = stream
+        self._limits = limits
+        self._buffer = bytearray()
+        self._searched = 0
+        self._line_deadline: float | None = None
+        self._eof = False
+
+    async def next_line(self) -> bytes | None:
+        """The next line (without its newline); None at the end of the stream."""
+        limit = protocol.MAX_LINE_BYTES
+        while True:
+            index = self._buffer.find(b"\n", self._searched)
+            if index >= 0:
+                if index > limit:
+                    raise _Hangup("too_long", too_long())
+                line = bytes(self._buffer[:index])
+                del self._buffer[: index + 1]
+                self._searched = 0
+                self._line_deadline = self._deadline_if_partial()
+                return line
+            self._searched = len(self._buffer)
+            if len(self._buffer) > limit:
+                raise _Hangup("too_long", too_long())
+            if self._eof:
+                if not self._buffer:
+                    return None
+                line = bytes(self._buffer)
+                self._buffer.clear()
+                return line
+            await self._receive()
+
+    def _deadline_if_partial(self) -> float | None:
+        return anyio.current_time() + self._limits.line_timeout if self._buffer else None
+
+    async def _receive(self) -> None:
+        partial = self._line_deadline is not None
+        deadline = (
+            self._line_deadline
+            if self._line_deadline is not None
+            else anyio.current_time() + self._limits.idle_timeout
+        )
+        chunk = b""
+        with anyio.move_on_after(max(deadline - anyio.current_time(), 0)):
+            try:
+                chunk = await self._stream.receive(65536)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._eof = True
+                return
+        if not chunk:
+            if partial:
+                raise _Hangup(
+                    "line_timeout",
+                    protocol.RequestError(
+                        "timeout",
+                        f"request line not finished within {self._limits.line_timeout:g} s; "
+                        "closing the connection",
+                    ),
+                )
+            raise _Hangup("idle_timeout")
+        if not self._buffer:
+            self._line_deadline = anyio.current_time() + self._limits.line_timeout
+        self._buffer += chunk
+
+
+async def serve_stream(
+    service: AgentService, stream: ByteStream, limits: ClientLimits | None = None
+) -> None:
+    """Serve one connection until the client closes it, a limit ends it, or the intake stops."""
+    limits = limits or ClientLimits()
+    reader = _LineReader(stream, limits)
     number = 0
     async with stream:
-        while True:
-            try:
-                line = await reader.receive_until(b"\n", protocol.MAX_LINE_BYTES)
-            except anyio.DelimiterNotFound:
-                # The rest of the line cannot be framed reliably: answer, then hang up.
+        try:
+            while True:
+                line = await reader.next_line()
+                if line is None:
+                    return
                 number += 1
-                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    await stream.send(service.reject(too_long(), number))
-                return
-            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):
-                return
-            number += 1
-            # A line read is a line answered, even while shutting down (within the grace).
-            with service.answering():
-                response = await service.handle_line(line, number)
-                if response is not None:
-                    try:
-                        await stream.send(response)
-                    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                        return
+                # A line read is a line answered, even while shutting down (within the grace).
+                with service.answering():
+                    response = await service.handle_line(line, number)
+                    if response is not None:
+                        await _send(stream, response, limits)
+        except _Hangup as hangup:
+            if hangup.answer is not None:
+                number += 1
+                with contextlib.suppress(_Hangup):
+                    await _send(stream, service.reject(hangup.answer, number), limits)
+            if hangup.reason is not None and service.metrics is not None:
+                service.metrics.connection_closed(hangup.reason)
+            log.info("client disconnected", reason=hangup.reason, line=number)
 
 
-def _bind_private_socket(path: Path) -> None:
-    """Remove a stale socket at ``path`` (never another kind of file)."""
+async def _send(stream: ByteStream, data: bytes, limits: ClientLimits) -> None:
+    """Send ``data``, or hang up on a client that does not read its answers in time."""
+    try:
+        with anyio.fail_after(limits.line_timeout):
+            await stream.send(data)
+    except TimeoutError:
+        raise _Hangup("send_timeout") from None
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        raise _Hangup(None) from None
+
+
+def _claim_socket_path(path: Path) -> None:
+    """Remove a stale socket at ``path``; refuse a live one and any other kind of file."""
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
@@ -160,17 +323,42 @@ def _bind_private_socket(path: Path) -> None:
             f"while creating the agent socket {path}: a non-socket file is in the way; "
             "remove it or choose another --socket"
         )
-    path.unlink()
+    with socket.socket(socket.AF_UNIX) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            # Nothing listens: left behind by an agent that died. Safe to replace.
+            path.unlink(missing_ok=True)
+            return
+        except OSError as e:
+            raise exceptions.ConfigError(
+                f"while checking the existing socket {path}: {e.strerror or e}; "
+                "remove it if no agent uses it, or choose another --socket"
+            ) from e
+    raise exceptions.ConfigError(
+        f"while creating the agent socket {path}: another process is serving on it (is "
+        "another agent running?); stop it or choose another --socket"
+    )
+
+
+#: accept() errors that say "not now" (descriptors or memory exhausted), not "broken".
+_RETRYABLE_ACCEPT: Final = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EPROTO}
+)
+_ACCEPT_BACKOFF: Final = (0.01, 1.0)
 
 
 async def serve_socket(
     service: AgentService,
     path: Path,
+    limits: ClientLimits | None = None,
     *,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept connections on the Unix socket ``path`` (mode 0600) until cancelled."""
-    _bind_private_socket(path)
+    limits = limits or ClientLimits()
+    _claim_socket_path(path)
     # umask while binding: the socket is never reachable by others, not even briefly.
     old = os.umask(0o177)
     try:
@@ -183,13 +371,75 @@ async def serve_socket(
     finally:
         os.umask(old)
     path.chmod(0o600)
+    ours = path.stat()
     try:
-        async with listener:
+        async with listener, anyio.create_task_group() as clients:
             task_status.started()
-            await listener.serve(lambda stream: serve_stream(service, stream))
+            await _accept_forever(service, listener, clients, limits)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        # Remove the socket only while it is still ours (never another agent's).
+        with contextlib.suppress(OSError):
+            now = path.stat()
+            if (now.st_dev, now.st_ino) == (ours.st_dev, ours.st_ino):
+                path.unlink()
+
+
+async def _accept_forever(
+    service: AgentService, listener: SocketListener, clients: TaskGroup, limits: ClientLimits
+) -> None:
+    backoff, ceiling = _ACCEPT_BACKOFF
+    active = 0
+
+    async def serve(stream: ByteStream) -> None:
+        nonlocal active
+        try:
+            await serve_stream(service, stream, limits)
+        finally:
+            active -= 1
+            if service.metrics is not None:
+                service.metrics.connections(active)
+
+    while True:
+        try:
+            stream = await listener.accept()
+        except anyio.BrokenResourceError as e:
+            cause = e.__cause__
+            if not (isinstance(cause, OSError) and cause.errno in _RETRYABLE_ACCEPT):
+                raise
+            # Out of descriptors: the pending client stays in the backlog; retry later.
+            log.warning(
+                "accept failed; backing off",
+                error=f"{errno.errorcode.get(cause.errno or 0, '?')}: {cause.strerror}",
+                retry_in=backoff,
+            )
+            if service.metrics is not None:
+                service.metrics.accept_error()
+            await anyio.sleep(backoff)
+            backoff = min(backoff * 2, ceiling)
+            continue
+        backoff = _ACCEPT_BACKOFF[0]
+        if active >= limits.max_clients:
+            await _turn_away(service, stream, limits)
+            continue
+        active += 1
+        if service.metrics is not None:
+            service.metrics.connections(active)
+        clients.start_soon(serve, stream)
+
+
+async def _turn_away(service: AgentService, stream: ByteStream, limits: ClientLimits) -> None:
+    """Tell a client over ``max_clients`` why, and close (a fresh socket never blocks a send)."""
+    busy = protocol.RequestError(
+        "busy",
+        f"the agent serves at most {limits.max_clients} clients at once (--max-clients); "
+        "retry later",
+    )
+    async with stream:
+        with anyio.move_on_after(0.1), contextlib.suppress(anyio.BrokenResourceError):
+            await stream.send(protocol.refusal(busy, 0))
+    if service.metrics is not None:
+        service.metrics.connection_closed("max_clients")
+    log.info("client turned away", reason="max_clients", max_clients=limits.max_clients)
 
 
 async def serve_lines(service: AgentService, source: BinaryIO, sink: BinaryIO) -> None:
@@ -223,6 +473,30 @@ def _write_flush(sink: BinaryIO, data: bytes) -> None:
 
 
 # --- the process -----------------------------------------------------------------------------
+
+
+class KnownActorRefusals:
+    """The event log as the agent's recorder, minus refusals of events for unknown actors.
+
+    A refusal is logged so a replay reproduces it; an event for an actor the machine never
+    registered changes nothing to reproduce, and logging it (one fsync each) would let any
+    client grow the log and spend the disk's fsyncs at will. It is answered and counted
+    (``substrate_gpu_events_rejected_total{reason="unknown_actor"}``) instead.
+    """
+
+    def __init__(self, log: eventlog.EventLog, initial_state: str) -> None:
+        self.log = log
+        self._initial = initial_state
+
+    async def record(self, event: events.Event) -> None:
+        """Record an accepted event (durable on return)."""
+        await self.log.record(event)
+
+    async def record_rejected(self, event: events.Event, state: str, problem: str) -> None:
+        """Record a refusal of an event for a known actor (the machine's initial state is
+        where actors it does not know are: nothing rests there)."""
+        if state != self._initial:
+            await self.log.record_rejected(event, state, problem)
 
 
 @dataclass
@@ -263,6 +537,9 @@ async def running_agent(
         built = wiring.build_collaborators(config, metrics)
         components = Components(runtime=built.runtime, probe=built.probe, injector=built.injector)
     async with contextlib.AsyncExitStack() as stack:
+        if config.event_log is not None:
+            # Before recovery reads the log: a second agent must not even reconcile it.
+            stack.enter_context(eventlog.lock(config.event_log))
         event_log, recovered = await recovery.open_log(
             config.event_log,
             runtime=components.runtime,
@@ -271,7 +548,9 @@ async def running_agent(
         )
         if event_log is not None:
             stack.push_async_callback(event_log.aclose)
-        tap = wiring.SeqTap(event_log)
+        tap = wiring.SeqTap(
+            KnownActorRefusals(event_log, spec.initial) if event_log is not None else None
+        )
         agent = Agent(
             runtime=components.runtime,
             probe=components.probe,
@@ -342,7 +621,9 @@ async def _serve(
         async with anyio.create_task_group() as intake:
             intake.start_soon(_watch_signals, running.stop)
             if config.socket is not None:
-                await intake.start(serve_socket, running.service, config.socket)
+                await intake.start(
+                    serve_socket, running.service, config.socket, ClientLimits.of(config)
+                )
             if config.stdin:
                 intake.start_soon(
                     _stdin_then_maybe_stop,

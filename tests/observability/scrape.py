@@ -8,11 +8,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 
-def fetch(url: str, *, accept: str | None = None) -> tuple[str, str]:
+def fetch(url: str, *, accept: str | None = None, timeout: float = 5) -> tuple[str, str]:
     """GET ``url``; returns (content type, body)."""
     headers = {"Accept": accept} if accept else {}
     request = urllib.request.Request(url, headers=headers)
-    with urllib.request.urlopen(request, timeout=5) as response:
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         return response.headers["Content-Type"], response.read().decode()
 
 

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,24 @@ class AgentProcess:
         )
         agent.wait_for_socket()
         return agent
+
+    @classmethod
+    def on_stdin(cls, tmp: Path, *extra: str) -> AgentProcess:
+        """An agent reading stdin only (answers on stdout), its log at ``tmp/events.jsonl``."""
+        return cls(
+            tmp,
+            "--stdin",
+            "--event-log",
+            str(tmp / "events.jsonl"),
+            "--checkpoint-root",
+            str(tmp / "checkpoints"),
+            "--runsc",
+            str(tmp / "no-runsc-here"),
+            "--metrics-port",
+            "0",
+            *extra,
+            stdin=True,
+        )
 
     def stderr(self) -> str:
         if not self._stderr.closed:
@@ -164,6 +183,29 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape(port: int) -> str:
+    """The agent's /metrics text."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text: str = response.read().decode()
+    return text
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in an exposition (0 when absent)."""
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    prefix = f"{name}{{{want}}} " if labels else f"{name} "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix) :])
+    return 0.0
 
 
 def logged_events(path: Path) -> list[dict[str, Any]]:

@@ -272,5 +272,5 @@ def test_every_kind_has_a_bounded_rejection_reason() -> None:
     """Each error kind maps to a reason AgentMetrics knows."""
     from substrate_gpu.observability.metrics import EVENT_REJECTION_REASONS
 
-    assert set(protocol.REJECTION_REASONS) == protocol.ERROR_KINDS
+    assert set(protocol.REJECTION_REASONS) == protocol.ERROR_KINDS - protocol.CONNECTION_ERROR_KINDS
     assert set(protocol.REJECTION_REASONS.values()) <= EVENT_REJECTION_REASONS
