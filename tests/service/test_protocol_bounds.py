@@ -17,7 +17,7 @@ def _run(at: str) -> bytes:
     [
         pytest.param(b"[" * 2000, id="2000-brackets"),
         pytest.param(b'{"a":' * 2000, id="2000-objects"),
-        pytest.param(b"[" * 100_000, id="100000-brackets"),
+        pytest.param(b"[" * 60_000, id="60000-brackets"),
     ],
 )
 def test_nesting_deeper_than_the_decoder_is_malformed_not_raised(line: bytes) -> None:
@@ -36,7 +36,7 @@ def test_an_at_outside_the_calendar_is_a_schema_error(at: str) -> None:
     parsed = protocol.parse_request(_run(at))
     assert isinstance(parsed, protocol.RequestError)
     assert parsed.kind == "schema"
-    assert "'at'" in parsed.message and "year 9999" in parsed.message
+    assert parsed.field == "$.at" and "$.at" in parsed.message
     assert parsed.actor_id == "a1"
 
 
@@ -53,4 +53,4 @@ def test_a_mistyped_at_is_left_to_the_event_schema() -> None:
     parsed = protocol.parse_request(_run('"noon"'))
     assert isinstance(parsed, protocol.RequestError)
     assert parsed.kind == "schema"
-    assert "year 9999" not in parsed.message
+    assert "Expected `float`, got `str`" in parsed.message
