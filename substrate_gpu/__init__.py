@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from substrate_gpu.exceptions import (
     CdiSpecError,
     ConfigError,
+    DeviceRequestError,
     DeviceResolutionError,
     ExternalCommandError,
     InjectionError,
@@ -118,6 +119,7 @@ __all__ = [
     "ConfigError",
     "ContainerEdits",
     "CorruptLogError",
+    "DeviceRequestError",
     "DeviceResolutionError",
     "EventLog",
     "EventLogError",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from support import real_runsc as real_runsc_
+from support.real import missing
 
 from substrate_gpu.runsc import driver
 
@@ -33,7 +34,7 @@ def test_a_second_build_reuses_the_cached_binary_after_checking_its_sha256(
 ) -> None:
     """build-runsc.sh on a warm cache prints the cached path (sha256 verified) in seconds."""
     if real_runsc != real_runsc_.cached_binary():
-        pytest.skip("SUBSTRATE_GPU_RUNSC points elsewhere than the build cache")
+        missing("runsc from the build cache", "is overridden by SUBSTRATE_GPU_RUNSC")
     out = subprocess.run(
         [str(real_runsc_.BUILD_SCRIPT)], capture_output=True, text=True, check=True, timeout=30
     )
