@@ -77,8 +77,12 @@ class KubeClient:
     """A tiny REST client: enough for tests, and it shows exactly what is sent."""
 
     def __init__(self, host: str, port: int, ca_file: Path, token: str) -> None:
-        self.host, self.port, self.token = host, port, token
-        self.context = ssl.create_default_context(cafile=str(ca_file))
+        self.host, self.port, self.token, self.ca_file = host, port, token, ca_file
+
+    @property
+    def context(self) -> ssl.SSLContext:
+        # Built per request: the API server writes its certificate only once it starts.
+        return ssl.create_default_context(cafile=str(self.ca_file))
 
     def request(
         self,
@@ -196,8 +200,9 @@ class KubeApiServer:
         self._start_etcd()
         self.start_apiserver()
 
-    def _log(self, name: str) -> Any:
-        return (self.workdir / f"{name}.log").open("ab")
+    def _log(self, name: str) -> int:
+        # A raw descriptor, closed right after Popen has dup'ed it into the child.
+        return os.open(self.workdir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def _start_etcd(self) -> None:
         client = f"http://127.0.0.1:{self.etcd_port}"
@@ -215,9 +220,10 @@ class KubeApiServer:
                 "--unsafe-no-fsync",
                 "--log-level=warn",
             ],
-            stdout=self._log("etcd"),
+            stdout=(log := self._log("etcd")),
             stderr=subprocess.STDOUT,
         )
+        os.close(log)
 
     def start_apiserver(self) -> None:
         key = self.workdir / "sa.key"
@@ -227,6 +233,8 @@ class KubeApiServer:
                 f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                # No kubernetes Service endpoints: a loopback address may not be one.
+                "--endpoint-reconciler-type=none",
                 f"--secure-port={self.port}",
                 f"--cert-dir={self.certs}",
                 f"--token-auth-file={self.workdir / 'tokens.csv'}",
@@ -241,9 +249,10 @@ class KubeApiServer:
                 "--profiling=false",
                 "--v=1",
             ],
-            stdout=self._log("kube-apiserver"),
+            stdout=(log := self._log("kube-apiserver")),
             stderr=subprocess.STDOUT,
         )
+        os.close(log)
         self.wait_ready()
 
     def wait_ready(self) -> None:
