@@ -11,6 +11,11 @@
 # v0.37.2 for kubernetes v1.37.2). etcd is built in the same module at the version kubernetes
 # itself requires (Debian's etcd 3.4 predates the etcd client kube-apiserver 1.37 speaks).
 #
+# Cost, measured cold (empty module and build caches, 2 cores): 1,162 s user + 193 s system
+# CPU for both binaries, i.e. about 11-12 minutes of wall clock on 2 idle cores plus the
+# module downloads (~1 minute); `-trimpath -ldflags=-s -w` keeps the link small. A warm
+# run (cache present, checksums verified) takes about a second.
+#
 # A finished build records the binaries' sha256 next to them; a later run verifies it and
 # returns in seconds. A mismatch (a truncated or replaced binary) rebuilds.
 set -euo pipefail

@@ -336,7 +336,9 @@ def install_crd(client: KubeClient) -> None:
         body = client.ok(
             "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd.CRD_NAME}"
         )
-        conditions = {c["type"]: c["status"] for c in body.get("status", {}).get("conditions", [])}
+        # Right after creation the status (and its conditions) may still be null.
+        listed = (body.get("status") or {}).get("conditions") or []
+        conditions = {c["type"]: c["status"] for c in listed}
         # Discovery lags Established by a moment; list once to be sure it is served.
         if (
             conditions.get("Established") == "True"
