@@ -23,6 +23,7 @@ __all__ = [
     "PoolDocument",
     "PoolFileError",
     "PoolYamlError",
+    "controller_manifests",
     "deploy_files",
     "dump_documents",
     "parse_documents",
@@ -35,6 +36,12 @@ GPU_TAINT_KEY = "nvidia.com/gpu"
 """The taint GPU node pools carry (GKE, the GPU Operator): the agent must tolerate it."""
 AGENT_IMAGE = "substrate-gpu-node-agent:0.1.0"
 """Placeholder image of the node agent; replace it with your build (see docs)."""
+
+CONTROLLER_NAME = "substrate-gpu-controller"
+CONTROLLER_IMAGE = "substrate-gpu:0.1.0"
+"""Placeholder image of the controller: this repository's Dockerfile (entrypoint
+``substrate-gpu``); replace it with your build (see docs)."""
+CONTROLLER_HEALTH_PORT = 8080
 
 EXAMPLE_SETTINGS = shaping.ControllerSettings(
     driver_root="/usr/local/nvidia", default_image="ateom:latest"
@@ -172,15 +179,144 @@ def render_node_agent_daemonset(settings: shaping.ControllerSettings) -> dict[st
     }
 
 
+def _controller_rules() -> list[dict[str, object]]:
+    """Least privilege: what ``substrate-gpu controller`` calls, and nothing else."""
+    return [
+        # kopf lists and watches pools, and patches them: its bookkeeping annotations
+        # and the finalizer that holds a pool until its workers are deleted.
+        {
+            "apiGroups": [model.API_GROUP],
+            "resources": [crd.PLURAL],
+            "verbs": ["get", "list", "watch", "patch"],
+        },
+        {
+            "apiGroups": [model.API_GROUP],
+            "resources": [f"{crd.PLURAL}/status"],
+            "verbs": ["get", "patch"],
+        },
+        # blockOwnerDeletion on the Deployment's owner reference needs this where the
+        # OwnerReferencesPermissionEnforcement admission plugin is on.
+        {
+            "apiGroups": [model.API_GROUP],
+            "resources": [f"{crd.PLURAL}/finalizers"],
+            "verbs": ["update"],
+        },
+        # Worker Deployments: server-side apply (create or patch), read and delete.
+        # No list or watch: the controller addresses them by name only.
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments"],
+            "verbs": ["get", "create", "patch", "delete"],
+        },
+        # kopf reports handler outcomes as Events on the pool (kubectl describe).
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        # kopf watches CRDs so it notices the WorkerPool CRD installed after it started.
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "verbs": ["list", "watch"],
+        },
+    ]
+
+
+def controller_manifests(settings: shaping.ControllerSettings) -> list[dict[str, object]]:
+    """The controller: ServiceAccount, ClusterRole and binding, and its Deployment.
+
+    One replica, replaced with ``Recreate``: kopf runs standalone (no peering), so two
+    controllers must never overlap. The pod runs unprivileged, as non-root, read-only.
+    """
+    labels = {"app.kubernetes.io/name": CONTROLLER_NAME}
+    env = [{"name": shaping.TOOLKIT_HOST_PATH_ENV, "value": settings.toolkit_host_path}]
+    if settings.default_image is not None:
+        env.append({"name": shaping.WORKER_IMAGE_ENV, "value": settings.default_image})
+    if settings.driver_root is not None:
+        env.append({"name": shaping.DRIVER_ROOT_ENV, "value": settings.driver_root})
+    health = f"http://0.0.0.0:{CONTROLLER_HEALTH_PORT}/healthz"
+    account = {"kind": "ServiceAccount", "name": CONTROLLER_NAME, "namespace": AGENT_NAMESPACE}
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": CONTROLLER_NAME, "namespace": AGENT_NAMESPACE},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": CONTROLLER_NAME},
+            "rules": _controller_rules(),
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": CONTROLLER_NAME},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": CONTROLLER_NAME,
+            },
+            "subjects": [account],
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": CONTROLLER_NAME, "namespace": AGENT_NAMESPACE, "labels": labels},
+            "spec": {
+                "replicas": 1,
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": CONTROLLER_NAME,
+                        "securityContext": {
+                            "runAsNonRoot": True,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "containers": [
+                            {
+                                "name": "controller",
+                                "image": CONTROLLER_IMAGE,
+                                "args": ["controller", "--liveness-endpoint", health],
+                                "env": env,
+                                "ports": [
+                                    {"name": "health", "containerPort": CONTROLLER_HEALTH_PORT}
+                                ],
+                                "livenessProbe": {
+                                    "httpGet": {"path": "/healthz", "port": "health"},
+                                    "periodSeconds": 30,
+                                },
+                                "resources": {
+                                    "requests": {"cpu": "50m", "memory": "128Mi"},
+                                    "limits": {"memory": "256Mi"},
+                                },
+                                "securityContext": {
+                                    "allowPrivilegeEscalation": False,
+                                    "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]},
+                                },
+                                # Writable /tmp on a read-only root (a mount, not a file).
+                                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],  # noqa: S108
+                            }
+                        ],
+                        "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    },
+                },
+            },
+        },
+    ]
+
+
 def deploy_files(examples: Iterable[Path]) -> dict[str, str]:
     """The ``deploy/`` tree, file name to content, all generated.
 
-    ``crd.yaml`` and ``node-agent.yaml`` install the system; ``examples/X.yaml`` are the
-    example pools (apply them once the CRD is in); ``rendered/X.yaml`` are the worker
-    Deployments ``substrate-gpu pool render`` prints for them, for review.
+    ``crd.yaml``, ``controller.yaml`` and ``node-agent.yaml`` install the system;
+    ``examples/X.yaml`` are the example pools (apply them once the CRD is in);
+    ``rendered/X.yaml`` are the worker Deployments ``substrate-gpu pool render`` prints
+    for them, for review.
     """
     files = {
         "crd.yaml": dump_documents([crd.render_crd()]),
+        "controller.yaml": dump_documents(controller_manifests(EXAMPLE_SETTINGS)),
         "node-agent.yaml": dump_documents(
             [
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENT_NAMESPACE}},

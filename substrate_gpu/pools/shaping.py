@@ -39,6 +39,7 @@ __all__ = [
     "WORKER_CONTAINER",
     "WORKER_IMAGE_ENV",
     "ControllerSettings",
+    "MissingWorkerImageError",
     "maybe_shape_for_gpu",
     "render_worker_deployment",
 ]
@@ -52,6 +53,10 @@ WORKER_IMAGE_ENV = "ATE_DEFAULT_ATEOM_IMAGE"
 """Controller setting: the worker image for pools without ``spec.ateomImage``."""
 WORKER_CONTAINER = "ateom"
 """Name of the worker runtime container (the one that gets the GPUs)."""
+
+
+class MissingWorkerImageError(ConfigError):
+    """A pool names no worker image and the controller has no default one."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,7 @@ def render_worker_deployment(
     """The worker Deployment of ``pool``; ``gpu_shaping=False`` renders it without the GPU step."""
     image = pool.ateom_image or settings.default_image
     if image is None:
-        raise ConfigError(
+        raise MissingWorkerImageError(
             f"while rendering WorkerPool {pool.namespace}/{pool.name}: it has no "
             f"spec.ateomImage and the controller has no {WORKER_IMAGE_ENV}: set one of them"
         )

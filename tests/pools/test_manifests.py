@@ -139,3 +139,42 @@ def test_unreadable_file_is_a_pool_file_error(tmp_path: Path) -> None:
     """A missing file is a clear PoolFileError naming it."""
     with pytest.raises(PoolFileError, match="missing.yaml"):
         manifests.read_documents(tmp_path / "missing.yaml")
+
+
+def test_controller_rbac_names_every_resource_and_verb_it_grants() -> None:
+    """Least privilege: no wildcard, and only pools, their Deployments, Events and CRDs."""
+    [role] = [
+        o
+        for o in manifests.controller_manifests(ControllerSettings())
+        if o["kind"] == "ClusterRole"
+    ]
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]  # type: ignore[attr-defined]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert not any("*" in part for grant in granted for part in grant)
+    assert {resource for _, resource, _ in granted} == {
+        "workerpools",
+        "workerpools/status",
+        "workerpools/finalizers",
+        "deployments",
+        "events",
+        "customresourcedefinitions",
+    }
+    # Deployments are addressed by name: never listed or watched, so never read in bulk.
+    assert {v for _, r, v in granted if r == "deployments"} == {"get", "create", "patch", "delete"}
+
+
+def test_controller_pod_runs_unprivileged_and_alone() -> None:
+    """One replica replaced with Recreate (kopf standalone), non-root, no escalation."""
+    deployment = manifests.controller_manifests(ControllerSettings())[-1]
+    spec = deployment["spec"]  # type: ignore[index]
+    assert (spec["replicas"], spec["strategy"]) == (1, {"type": "Recreate"})
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    security = pod["containers"][0]["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}

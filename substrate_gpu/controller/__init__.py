@@ -1,0 +1,18 @@
+"""The WorkerPool controller (``substrate-gpu controller``): pools in, worker Deployments out.
+
+Module map:
+
+- :mod:`.reconcile`: pure decisions: the Deployment a pool wants, or why it is rejected,
+  and the status the user reads;
+- :mod:`.kube`: the Deployment API calls (server-side apply, owned delete);
+- :mod:`.operator`: the kopf handlers and settings that tie them to the API server.
+
+See ``docs/api-guide.md`` ("Running the controller").
+"""
+
+from __future__ import annotations
+
+from substrate_gpu.controller.operator import ControllerOptions, run_controller
+from substrate_gpu.controller.reconcile import Apply, Reject, plan, pool_status
+
+__all__ = ["Apply", "ControllerOptions", "Reject", "plan", "pool_status", "run_controller"]

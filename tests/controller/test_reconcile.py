@@ -1,0 +1,122 @@
+"""The controller's decisions, as pure functions: the Deployment a pool wants, its status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pools.pool_cases import IMAGE, flat, pool
+
+from substrate_gpu.controller import reconcile
+from substrate_gpu.pools import ControllerSettings, load_pool, render_worker_deployment
+
+SETTINGS = ControllerSettings(driver_root="/usr/local/nvidia", default_image="ateom:1")
+NOW = "2026-11-30T12:00:00Z"
+LATER = "2026-11-30T13:00:00Z"
+
+
+def stored(doc: dict[str, Any], *, uid: str = "uid-1", generation: int = 1) -> dict[str, Any]:
+    """``doc`` as the API server returns it: namespace, uid, generation, a status."""
+    metadata = doc["metadata"] | {"namespace": "ns", "uid": uid, "generation": generation}
+    return doc | {"metadata": metadata, "status": {}}
+
+
+def test_a_valid_pool_plans_its_rendered_deployment_with_an_owner_reference() -> None:
+    """The Deployment is the renderer's, plus a controller reference to the pool."""
+    body = stored(pool(flat("1")))
+    outcome = reconcile.plan(body, SETTINGS)
+    assert isinstance(outcome, reconcile.Apply)
+    expected = render_worker_deployment(load_pool(body), SETTINGS)
+    owners = outcome.deployment["metadata"].pop("ownerReferences")  # type: ignore[attr-defined]
+    assert outcome.deployment == expected
+    assert owners == [
+        {
+            "apiVersion": "substrate.agent-substrate.github.com/v1alpha1",
+            "kind": "WorkerPool",
+            "name": "p",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert outcome.replicas == 2
+
+
+def test_the_deployment_name_is_fixed_per_pool() -> None:
+    """A retried create can only ever address the same Deployment."""
+    outcome = reconcile.plan(stored(pool(flat("1"), name="gpu")), SETTINGS)
+    assert isinstance(outcome, reconcile.Apply)
+    assert outcome.deployment["metadata"]["name"] == reconcile.deployment_name("gpu")  # type: ignore[index]
+
+
+def test_a_pool_without_any_worker_image_is_rejected_as_no_worker_image() -> None:
+    """Valid, but nothing to run: Rejected with the reason and what to set."""
+    outcome = reconcile.plan(stored(pool(flat("1"))), ControllerSettings())
+    assert isinstance(outcome, reconcile.Reject)
+    assert outcome.reason == "NoWorkerImage"
+    assert "spec.ateomImage" in outcome.message
+    assert "ATE_DEFAULT_ATEOM_IMAGE" in outcome.message
+
+
+def test_the_pool_image_wins_over_the_controller_default() -> None:
+    outcome = reconcile.plan(stored(pool(flat("1", ateomImage=IMAGE))), ControllerSettings())
+    assert isinstance(outcome, reconcile.Apply)
+
+
+def test_a_pool_the_validator_refuses_is_rejected_as_invalid_spec() -> None:
+    """An invalid pool that got past admission (older CRD) is still refused, with the problems."""
+    outcome = reconcile.plan(stored(pool(flat("1", sandboxClass="microvm"))), SETTINGS)
+    assert isinstance(outcome, reconcile.Reject)
+    assert outcome.reason == "InvalidSpec"
+    assert "nvidia.com/gpu is only supported when sandboxClass is 'gvisor'" in outcome.message
+
+
+def test_status_of_an_applied_pool_is_ready_with_generation_and_replicas() -> None:
+    outcome = reconcile.plan(stored(pool(flat("1")), generation=3), SETTINGS)
+    status = reconcile.pool_status(outcome, generation=3, previous=[], now=NOW)
+    assert status["observedGeneration"] == 3
+    assert status["replicas"] == 2
+    assert status["deployment"] == "p-workers"
+    conditions = {c["type"]: c for c in status["conditions"]}  # type: ignore[attr-defined]
+    assert conditions["Ready"] | {} == {
+        "type": "Ready",
+        "status": "True",
+        "reason": "Reconciled",
+        "message": "the worker Deployment is up to date",
+        "lastTransitionTime": NOW,
+        "observedGeneration": 3,
+    }
+    assert conditions["Rejected"]["status"] == "False"
+
+
+def test_status_of_a_rejected_pool_carries_the_reason_on_both_conditions() -> None:
+    status = reconcile.pool_status(
+        reconcile.Reject("NoWorkerImage", "set one"), generation=1, previous=[], now=NOW
+    )
+    conditions = {c["type"]: c for c in status["conditions"]}  # type: ignore[attr-defined]
+    assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == (
+        "False",
+        "NoWorkerImage",
+    )
+    assert (conditions["Rejected"]["status"], conditions["Rejected"]["message"]) == (
+        "True",
+        "set one",
+    )
+    assert "replicas" not in status
+
+
+@pytest.mark.parametrize(
+    ("before", "expected"),
+    [
+        pytest.param("True", NOW, id="unchanged-status-keeps-its-transition-time"),
+        pytest.param("False", LATER, id="flipped-status-gets-a-new-transition-time"),
+    ],
+)
+def test_last_transition_time_moves_only_when_the_status_changes(
+    before: str, expected: str
+) -> None:
+    previous = [{"type": "Ready", "status": before, "lastTransitionTime": NOW}]
+    outcome = reconcile.plan(stored(pool(flat("1"))), SETTINGS)
+    status = reconcile.pool_status(outcome, generation=2, previous=previous, now=LATER)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")  # type: ignore[attr-defined]
+    assert ready["lastTransitionTime"] == expected

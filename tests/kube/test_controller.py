@@ -1,0 +1,317 @@
+"""``substrate-gpu controller`` against a real kube-apiserver, logged in as its ServiceAccount.
+
+The controller runs as a child process with the ServiceAccount, ClusterRole and binding
+of ``deploy/controller.yaml`` (a TokenRequest token), so every test also proves that
+RBAC is enough. Each test watches its own namespace.
+
+What this API server cannot show: there is no kube-controller-manager, so Deployments
+make no Pods (``status.replicas`` is what the Deployment asks for, not running workers)
+and owner references are never garbage-collected: a deleted pool's Deployment vanishing
+here is the controller's own delete, behind its finalizer.
+"""
+
+from __future__ import annotations
+
+import copy
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pools.pool_cases import flat, pool
+from support.kube_apiserver import KubeApiServer, KubeClient, install_crd, running_apiserver
+from support.kube_controller import ControllerProcess
+
+from substrate_gpu.controller import operator, reconcile
+from substrate_gpu.pools import ControllerSettings, load_pool, manifests, render_worker_deployment
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER_IMAGE = "ateom:test"
+CONTROLLER_ENV = {
+    "ATE_DEFAULT_ATEOM_IMAGE": WORKER_IMAGE,
+    "ATE_NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
+}
+SETTINGS = ControllerSettings.from_env(CONTROLLER_ENV)
+POOLS = f"/apis/{reconcile.model.API_VERSION}"
+
+
+def install_controller_rbac(admin: KubeClient) -> str:
+    """Apply deploy/controller.yaml's account and RBAC; the Deployment is dry-run only."""
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy" / "controller.yaml").read_text()) if d]
+    admin.create_namespace(manifests.AGENT_NAMESPACE)
+    for doc in docs:
+        response = admin.apply(doc, dry_run=doc["kind"] == "Deployment")
+        assert response.status in (200, 201), response.body
+    return manifests.CONTROLLER_NAME
+
+
+def controller_kubeconfig(server: KubeApiServer, path: Path) -> Path:
+    account = install_controller_rbac(server.admin)
+    token = server.service_account_token(manifests.AGENT_NAMESPACE, account)
+    return server.kubeconfig(path, token)
+
+
+@pytest.fixture(scope="module")
+def kubeconfig(
+    apiserver: KubeApiServer, workerpool_crd: None, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    return controller_kubeconfig(apiserver, tmp_path_factory.mktemp("controller") / "kubeconfig")
+
+
+def start_controller(
+    kubeconfig: Path, namespace: str, log: Path, env: dict[str, str] = CONTROLLER_ENV
+) -> ControllerProcess:
+    controller = ControllerProcess(kubeconfig, namespace, log, env)
+    controller.start()
+    return controller
+
+
+@pytest.fixture
+def controller(kubeconfig: Path, namespace: str, tmp_path: Path) -> Iterator[ControllerProcess]:
+    process = start_controller(kubeconfig, namespace, tmp_path / "controller.log")
+    yield process
+    process.stop()
+
+
+# --- reading the cluster ----------------------------------------------------------------
+
+
+def pool_path(namespace: str, name: str = "") -> str:
+    return f"{POOLS}/namespaces/{namespace}/workerpools" + (f"/{name}" if name else "")
+
+
+def deployments(admin: KubeClient, namespace: str) -> list[dict[str, Any]]:
+    return list(admin.ok("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments")["items"])
+
+
+def condition(body: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for c in body.get("status", {}).get("conditions", []):
+        if c["type"] == kind:
+            return dict(c)
+    return None
+
+
+def ready_at(
+    admin: KubeClient, namespace: str, name: str, generation: int
+) -> dict[str, Any] | None:
+    """The pool once Ready for ``generation`` (None before)."""
+    body = admin.ok("GET", pool_path(namespace, name))
+    ready = condition(body, "Ready")
+    if (
+        body.get("status", {}).get("observedGeneration") == generation
+        and ready
+        and ready["status"] == "True"
+    ):
+        return dict(body)
+    return None
+
+
+def create_pool(admin: KubeClient, namespace: str, doc: dict[str, Any]) -> dict[str, Any]:
+    doc = copy.deepcopy(doc)
+    doc["metadata"]["namespace"] = namespace
+    return dict(admin.ok("POST", pool_path(namespace), doc))
+
+
+def gpu_pool(name: str = "gpu", workers: int = 2) -> dict[str, Any]:
+    return pool(
+        flat("1", maxWorkers=workers, nodeSelector={"accelerator": "nvidia-gpu"}), name=name
+    )
+
+
+def expected_deployment(created: dict[str, Any]) -> dict[str, Any]:
+    return render_worker_deployment(load_pool(created), SETTINGS)
+
+
+def without_server_fields(deployment: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a stored Deployment the controller wrote (for comparison with the renderer)."""
+    metadata = deployment["metadata"]
+    template = deployment["spec"]["template"]
+    container = template["spec"]["containers"][0]
+    return {
+        "labels": metadata["labels"],
+        "replicas": deployment["spec"]["replicas"],
+        "selector": deployment["spec"]["selector"],
+        "pod_labels": template["metadata"]["labels"],
+        "node_selector": template["spec"].get("nodeSelector"),
+        "volumes": template["spec"].get("volumes"),
+        "image": container["image"],
+        "resources": container.get("resources"),
+        "mounts": container.get("volumeMounts"),
+        "env": [{"name": e["name"], "value": e["value"]} for e in container.get("env", [])],
+        "privileged": (container.get("securityContext") or {}).get("privileged"),
+        "host_users": template["spec"].get("hostUsers"),
+    }
+
+
+# --- create, update, delete ---------------------------------------------------------------
+
+
+def test_a_new_pool_gets_one_shaped_owned_deployment_and_a_ready_status(
+    admin: KubeClient, namespace: str, controller: ControllerProcess
+) -> None:
+    """Create: the renderer's Deployment (GPU shape included), owned by the pool, Ready at gen 1."""
+    created = create_pool(admin, namespace, gpu_pool())
+    body = controller.wait_for("Ready", lambda: ready_at(admin, namespace, "gpu", 1))
+    [deployment] = deployments(admin, namespace)
+    want = expected_deployment(created)
+    assert without_server_fields(deployment) == without_server_fields(want)
+    # Today's shaping, seen on the server: GPUs, toolkit mount, driver root, no privilege.
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert {
+        "name": "nvidia-toolkit",
+        "mountPath": "/opt/nvidia-toolkit",
+        "readOnly": True,
+    } in container["volumeMounts"]
+    assert {"name": "ATE_NVIDIA_DRIVER_ROOT", "value": "/run/nvidia/driver"} in container["env"]
+    [owner] = deployment["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "WorkerPool",
+        "gpu",
+        created["metadata"]["uid"],
+        True,
+    )
+    assert body["status"]["replicas"] == 2
+    assert body["status"]["deployment"] == "gpu-workers"
+    assert condition(body, "Rejected")["status"] == "False"  # type: ignore[index]
+    assert operator.FINALIZER in body["metadata"]["finalizers"]
+
+
+def test_an_updated_pool_updates_its_deployment_and_observed_generation(
+    admin: KubeClient, namespace: str, controller: ControllerProcess
+) -> None:
+    """Update: maxWorkers 2 -> 5 reaches the Deployment, status follows generation 2."""
+    create_pool(admin, namespace, gpu_pool())
+    controller.wait_for("Ready", lambda: ready_at(admin, namespace, "gpu", 1))
+    admin.ok(
+        "PATCH",
+        pool_path(namespace, "gpu"),
+        {"spec": {"maxWorkers": 5}},
+        content_type="application/merge-patch+json",
+    )
+    body = controller.wait_for("Ready at 2", lambda: ready_at(admin, namespace, "gpu", 2))
+    [deployment] = deployments(admin, namespace)
+    assert deployment["spec"]["replicas"] == 5
+    assert body["status"]["replicas"] == 5
+
+
+def test_a_deleted_pool_takes_its_deployment_along(
+    admin: KubeClient, namespace: str, controller: ControllerProcess
+) -> None:
+    """Delete: the controller deletes the Deployment itself (no garbage collector runs here)."""
+    create_pool(admin, namespace, gpu_pool())
+    controller.wait_for("Ready", lambda: ready_at(admin, namespace, "gpu", 1))
+    admin.ok("DELETE", pool_path(namespace, "gpu"))
+    controller.wait_for(
+        "the pool gone",
+        lambda: True if admin.request("GET", pool_path(namespace, "gpu")).status == 404 else None,
+    )
+    assert deployments(admin, namespace) == []
+
+
+def test_an_invalid_pool_is_refused_at_admission_and_never_reaches_the_controller(
+    admin: KubeClient, namespace: str, controller: ControllerProcess
+) -> None:
+    """A GPU on a micro-VM pool: 422 from the API server's CEL, no object, no Deployment."""
+    doc = pool(flat("1", sandboxClass="microvm"), name="bad")
+    doc["metadata"]["namespace"] = namespace
+    response = admin.request("POST", pool_path(namespace), doc)
+    assert response.status == 422
+    assert any(
+        "nvidia.com/gpu is only supported when sandboxClass is 'gvisor'" in c["message"]
+        for c in response.causes
+    )
+    assert admin.request("GET", pool_path(namespace, "bad")).status == 404
+    # Prove the controller is alive and watching, then that it made nothing for "bad".
+    create_pool(admin, namespace, gpu_pool("good"))
+    controller.wait_for("Ready", lambda: ready_at(admin, namespace, "good", 1))
+    assert [d["metadata"]["name"] for d in deployments(admin, namespace)] == ["good-workers"]
+
+
+def test_a_pool_that_cannot_be_rendered_is_rejected_with_the_reason(
+    admin: KubeClient, namespace: str, kubeconfig: Path, tmp_path: Path
+) -> None:
+    """No spec.ateomImage and no ATE_DEFAULT_ATEOM_IMAGE: Rejected NoWorkerImage, no Deployment."""
+    controller = start_controller(kubeconfig, namespace, tmp_path / "c.log", env={})
+    try:
+        create_pool(admin, namespace, gpu_pool())
+
+        def rejected() -> dict[str, Any] | None:
+            body = admin.ok("GET", pool_path(namespace, "gpu"))
+            c = condition(body, "Rejected")
+            return c if c and c["status"] == "True" else None
+
+        rejected_condition = controller.wait_for("Rejected", rejected)
+    finally:
+        controller.stop()
+    assert rejected_condition["reason"] == "NoWorkerImage"
+    assert "ATE_DEFAULT_ATEOM_IMAGE" in rejected_condition["message"]
+    body = admin.ok("GET", pool_path(namespace, "gpu"))
+    assert condition(body, "Ready")["status"] == "False"  # type: ignore[index]
+    assert body["status"]["observedGeneration"] == 1
+    assert deployments(admin, namespace) == []
+
+
+# --- restarts -----------------------------------------------------------------------------
+
+
+def test_a_controller_killed_mid_reconcile_converges_on_exactly_one_deployment(
+    admin: KubeClient, namespace: str, kubeconfig: Path, tmp_path: Path
+) -> None:
+    """SIGKILL as soon as the Deployment exists, change the pool while it is down, restart."""
+    log = tmp_path / "controller.log"
+    controller = start_controller(kubeconfig, namespace, log)
+    try:
+        create_pool(admin, namespace, gpu_pool())
+        controller.wait_for("the Deployment", lambda: deployments(admin, namespace) or None)
+        controller.kill()
+        admin.ok(
+            "PATCH",
+            pool_path(namespace, "gpu"),
+            {"spec": {"maxWorkers": 3}},
+            content_type="application/merge-patch+json",
+        )
+        controller.start()
+        controller.wait_for("Ready at 2", lambda: ready_at(admin, namespace, "gpu", 2))
+    finally:
+        controller.stop()
+    [deployment] = deployments(admin, namespace)
+    assert deployment["spec"]["replicas"] == 3
+
+
+def test_the_controller_converges_after_the_api_server_restarts(
+    kube_bin: Path, tmp_path: Path
+) -> None:
+    """API server killed right after a pool is created, then started again: the controller
+    reconnects, reconciles the pool it missed and follows a later update."""
+    with running_apiserver(kube_bin, tmp_path / "kube") as server:
+        install_crd(server.admin)
+        namespace = "restart"
+        server.admin.create_namespace(namespace)
+        kubeconfig = controller_kubeconfig(server, tmp_path / "kubeconfig")
+        controller = start_controller(kubeconfig, namespace, tmp_path / "controller.log")
+        try:
+            create_pool(server.admin, namespace, gpu_pool(workers=1))
+            controller.wait_for("Ready", lambda: ready_at(server.admin, namespace, "gpu", 1))
+            create_pool(server.admin, namespace, gpu_pool("second", workers=2))
+            server.stop_apiserver(signal.SIGKILL)
+            server.start_apiserver()
+            controller.wait_for(
+                "second Ready", lambda: ready_at(server.admin, namespace, "second", 1)
+            )
+            server.admin.ok(
+                "PATCH",
+                pool_path(namespace, "gpu"),
+                {"spec": {"maxWorkers": 4}},
+                content_type="application/merge-patch+json",
+            )
+            controller.wait_for("Ready at 2", lambda: ready_at(server.admin, namespace, "gpu", 2))
+            replicas = {
+                d["metadata"]["name"]: d["spec"]["replicas"]
+                for d in deployments(server.admin, namespace)
+            }
+        finally:
+            controller.stop()
+    assert replicas == {"gpu-workers": 4, "second-workers": 2}
