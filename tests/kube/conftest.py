@@ -7,7 +7,6 @@ Skipped when ``scripts/build-kube.sh`` has not run; under ``SUBSTRATE_GPU_REQUIR
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +19,9 @@ from support.kube_apiserver import (
     install_crd,
     running_apiserver,
 )
+from support.real import missing
 
 _names = itertools.count(1)
-REQUIRE_REAL = os.environ.get("SUBSTRATE_GPU_REQUIRE_REAL") == "1"
 
 
 @pytest.fixture(scope="session")
@@ -31,10 +30,7 @@ def kube_bin() -> Path:
     path = binary_dir()
     for name in ("kube-apiserver", "etcd"):
         if not (path / name).is_file():
-            what = f"{path / name} (run scripts/build-kube.sh)"
-            if REQUIRE_REAL:
-                pytest.fail(f"{what} is required here (SUBSTRATE_GPU_REQUIRE_REAL=1)")
-            pytest.skip(f"{what} is not available")
+            missing(str(path / name), "is not built (run scripts/build-kube.sh)")
     return path
 
 
