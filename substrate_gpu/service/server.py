@@ -64,7 +64,7 @@ class AgentService:
         try:
             transition = await self.agent.submit(event)
         except errors.InvalidEvent as e:
-            return self.reject(protocol.classify_refusal(e), 0)
+            return self.reject(protocol.classify_refusal(e, self.agent.spec), 0)
         return protocol.ack(wiring.SeqTap.seq_of_last_submit(), transition)
 
     async def handle_line(self, line: bytes, line_number: int) -> bytes | None:
@@ -79,7 +79,7 @@ class AgentService:
         try:
             transition = await self.agent.submit(parsed)
         except errors.InvalidEvent as e:
-            return self.reject(protocol.classify_refusal(e), line_number)
+            return self.reject(protocol.classify_refusal(e, self.agent.spec), line_number)
         return protocol.ack(wiring.SeqTap.seq_of_last_submit(), transition)
 
     def reject(self, error: protocol.RequestError, line_number: int) -> bytes:
