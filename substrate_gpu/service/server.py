@@ -289,7 +289,9 @@ async def running_agent(
         if recovered is not None:
             resumed = recovery.summary(recovered)
             log.info(
-                "resumed from the event log",
+                "resumed %d actors at seq %d",
+                resumed.actors,
+                resumed.last_seq,
                 path=str(config.event_log),
                 actors=resumed.actors,
                 last_seq=resumed.last_seq,
