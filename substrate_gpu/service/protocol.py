@@ -28,6 +28,12 @@ it is refused. Only *external* events are accepted: outcomes (``gpu_injected``,
   well-formed line that is no valid event), ``not_external``, ``invalid_in_state``,
   ``unknown_actor``.
 
+**Queries** (:class:`ActorQuery`, :class:`ActorsQuery`) carry a ``query`` key instead of a
+``type``: ``{"query": "actor", "actor_id": "a1"}`` is answered with an :class:`ActorAnswer`,
+``{"query": "actors", "state": "running"}`` (``state`` optional) with an
+:class:`ActorsAnswer`, or either with a :class:`Refusal`. They change and log nothing
+(:mod:`substrate_gpu.service.query` answers them).
+
 Why ``seq`` is refused in a request: the agent stamps it, and the machine keeps a non-zero
 ``seq`` as given (replay needs that), so a client-chosen one could reorder the log.
 """
@@ -101,6 +107,66 @@ class Refusal(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     """The actor the line named, when it named one."""
     field: str | msgspec.UnsetType = msgspec.UNSET
     """The JSON path of the offending value (``$.pid``), when one value was at fault."""
+
+
+# --- queries: ask the agent, change nothing (handled by :mod:`substrate_gpu.service.query`) ---
+
+
+class ActorQuery(
+    msgspec.Struct,
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+    tag_field="query",
+    tag="actor",
+):
+    """``{"query": "actor", "actor_id": A}``: one actor's state and reason."""
+
+    actor_id: str
+
+
+class ActorsQuery(
+    msgspec.Struct,
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+    tag_field="query",
+    tag="actors",
+):
+    """``{"query": "actors"}``, or with ``"state": S``: every actor (in state ``S``)."""
+
+    state: str | msgspec.UnsetType = msgspec.UNSET
+    """Only the actors in this state (a state of ``machines/actor.yaml``)."""
+
+
+Query = ActorQuery | ActorsQuery
+"""A query line (told apart from an event line by its ``query`` key)."""
+
+
+class ActorStatus(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a query says about one actor."""
+
+    actor_id: str
+    state: str
+    gpu: bool
+    reason: str | msgspec.UnsetType = msgspec.UNSET
+    """Why it stands where it stands, when the last transition said (a refusal, a failure)."""
+    checkpoint: str | msgspec.UnsetType = msgspec.UNSET
+    """Its latest checkpoint image, when it has one."""
+
+
+class ActorAnswer(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The answer to an :class:`ActorQuery`."""
+
+    ok: Literal[True]
+    actor: ActorStatus
+
+
+class ActorsAnswer(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The answer to an :class:`ActorsQuery`: the actors, ordered by id."""
+
+    ok: Literal[True]
+    actors: list[ActorStatus]
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from substrate_gpu.lifecycle.effects import GpuInjector
 from substrate_gpu.observability import AgentMetrics, AgentRegistry, MetricsServer
 from substrate_gpu.probes.api import CudaContextProbe
 from substrate_gpu.runsc.api import SandboxRuntime
-from substrate_gpu.service import protocol, recovery, wiring
+from substrate_gpu.service import protocol, query, recovery, wiring
 from substrate_gpu.service.config import AgentConfig
 
 log = structlog.get_logger(__name__)
@@ -73,6 +73,8 @@ class AgentService:
             return None
         if len(line) > protocol.MAX_LINE_BYTES:
             return self.reject(too_long(), line_number)
+        if query.is_query(line):
+            return query.answer(self.agent, line, line_number)
         parsed = protocol.parse_request(line)
         if isinstance(parsed, protocol.RequestError):
             return self.reject(parsed, line_number)
