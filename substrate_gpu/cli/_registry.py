@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from substrate_gpu.cli import _agent, _demo, _inject, _pool, _replay
+from substrate_gpu.cli import _agent, _client, _demo, _inject, _pool, _replay
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 REGISTRARS: list[Registrar] = [
     _agent.register,
+    _client.register,
     _demo.register,
     _inject.register,
     _pool.register,
