@@ -501,17 +501,18 @@ async def run_demo_async(workdir: Path, out: TextIO, keep_log_as: Path | None = 
     """Build the node, run the lives through the agent, replay the log.
 
     ``keep_log_as``: copy the event log there (outside a workdir about to be removed)."""
-    print(f"simulated GPU node in {workdir}", file=out)
+    print(f"simulated GPU node in {workdir} (no GPU, no NVIDIA driver here)", file=out)
     demo = build_demo_node(workdir)
     sim = demo.node
-    kind = "mknod char devices" if sim.real_device_nodes else "links to /dev/null (not root)"
+    kind = "char devices (mknod)" if sim.real_device_nodes else "links to /dev/null (not root)"
     print(
-        f"  GPU {sim.gpus[0]} (driver {sim.driver_version}), device nodes: {kind}; "
-        f"toolkit stand-in: nvidia-ctk 1.20 shape",
+        f"  GPU {sim.gpus[0]} (driver {sim.driver_version}, simulated): /dev/nvidia* are {kind} "
+        "with /dev/null's numbers (1:3), not NVIDIA's (195:N), so a workload can really hold "
+        "one open: the live GPU handle the suspend probe finds. Driver libraries: gcc-built, "
+        "real SONAMEs; nvidia-ctk: a stand-in writing the toolkit 1.20 spec.",
         file=out,
     )
     print(f"runtime: {demo.runtime_detail}", file=out)
-    print(f"event log: {demo.config.event_log}", file=out)
     started = time.monotonic()
     seen: list[Transition] = []
     async with running_agent(demo.config, demo.components) as running:
@@ -548,7 +549,8 @@ async def run_demo_async(workdir: Path, out: TextIO, keep_log_as: Path | None = 
         + ("same final states" if same else f"DIFFERENT final states: {replayed}"),
         file=out,
     )
-    print(f"event log: {event_log}", file=out)
+    # Named once, at the end: the path that outlives the run (a temporary workdir does not).
+    print(f"event log (kept): {event_log}", file=out)
     print(f"every actor's timeline: substrate-gpu replay {event_log}", file=out)
     return DemoResult(
         workdir=workdir,

@@ -103,10 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         _LOG_LEVEL,
-        default="WARNING",
+        default=None,
         type=str.upper,
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="least severe level logged (default: WARNING; the agent uses INFO)",
+        help="least severe level logged (default: WARNING; agent: INFO; demo: ERROR)",
     )
     subparsers = cast(
         "_SubParsersAction",
@@ -122,7 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     json_logs = {"auto": None, "json": True, "console": False}[args.log_format]
-    observability.configure_logging(json=json_logs, level=args.log_level)
+    # A long-running agent announces where it serves; one-shot commands keep quiet.
+    level = args.log_level or getattr(args, "default_log_level", "WARNING")
+    observability.configure_logging(json=json_logs, level=level)
     handler: Handler = args.handler
     try:
         return handler(args)

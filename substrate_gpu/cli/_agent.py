@@ -148,7 +148,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="run on a simulated GPU node in a temporary directory with a scripted workload "
         "looping forever (the runtime/injection flags are ignored)",
     )
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, default_log_level="INFO", usage_error=parser.error)
 
 
 def config_from(args: argparse.Namespace) -> config_.AgentConfig:
@@ -206,9 +206,8 @@ def run(args: argparse.Namespace) -> int:
     if args.demo:
         return _run_demo(config)
     if config.socket is None and not config.stdin:
-        raise exceptions.ConfigError(
-            "while starting the agent: no input; give --socket PATH and/or --stdin (or --demo)"
-        )
+        # A command-line mistake (exit 2, with the agent's usage), not a failure.
+        args.usage_error("no input: give --socket PATH and/or --stdin (or --demo)")
     return anyio.run(functools.partial(server.run, config))
 
 

@@ -22,7 +22,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="keep everything under this directory (default: a temporary one, removed; "
         "the event log is kept next to it)",
     )
-    parser.set_defaults(handler=run)
+    # The transcript is the output: every refusal and failure is a line of it, so the
+    # lifecycle's WARNING log lines would say each twice (--log-level WARNING shows them).
+    parser.set_defaults(handler=run, default_log_level="ERROR")
 
 
 def run(args: argparse.Namespace) -> int:

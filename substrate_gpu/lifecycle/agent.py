@@ -225,6 +225,10 @@ class Agent:
         actor = self._table.get(actor_id)
         return actor.snapshot() if actor is not None else None
 
+    def actors(self) -> tuple[actors.ActorView, ...]:
+        """A snapshot of every actor's record, ordered by actor id (O(actors))."""
+        return tuple(sorted((a.snapshot() for a in self._table), key=lambda v: v.actor_id))
+
     def state_counts(self) -> Mapping[str, int]:
         """Actors per state (every state listed; O(states))."""
         return self._table.state_counts()

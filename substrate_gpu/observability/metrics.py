@@ -132,7 +132,15 @@ INJECTION_HOOKS: Final[frozenset[str]] = frozenset(
 """OCI hook subcommands nvidia-ctk is known to emit (brief §3.6)."""
 
 EVENT_REJECTION_REASONS: Final[frozenset[str]] = frozenset(
-    {"invalid_in_state", "unknown_actor", "malformed", "duplicate", "queue_full", "log_unavailable"}
+    {
+        "invalid_in_state",
+        "unknown_actor",
+        "malformed",
+        "schema",
+        "duplicate",
+        "queue_full",
+        "log_unavailable",
+    }
 )
 """Why the agent refused an incoming event."""
 

@@ -28,12 +28,19 @@ it is refused. Only *external* events are accepted: outcomes (``gpu_injected``,
   well-formed line that is no valid event), ``not_external``, ``invalid_in_state``,
   ``unknown_actor``.
 
+**Queries** (:class:`ActorQuery`, :class:`ActorsQuery`) carry a ``query`` key instead of a
+``type``: ``{"query": "actor", "actor_id": "a1"}`` is answered with an :class:`ActorAnswer`,
+``{"query": "actors", "state": "running"}`` (``state`` optional) with an
+:class:`ActorsAnswer`, or either with a :class:`Refusal`. They change and log nothing
+(:mod:`substrate_gpu.service.query` answers them).
+
 Why ``seq`` is refused in a request: the agent stamps it, and the machine keeps a non-zero
 ``seq`` as given (replay needs that), so a client-chosen one could reorder the log.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,7 +48,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from substrate_gpu.lifecycle import codec, errors, events, hooks
+from substrate_gpu.lifecycle import codec, errors, events, hooks, machine
 
 #: The longest request line accepted (bytes, newline excluded); a longer one is an error
 #: and the connection is closed (its remainder cannot be framed reliably).
@@ -75,8 +82,8 @@ CONNECTION_ERROR_KINDS: Final[frozenset[str]] = frozenset({"busy", "timeout"})
 #: The ``substrate_gpu_events_rejected`` reason for each request error kind (bounded values).
 REJECTION_REASONS: Final[Mapping[str, str]] = {
     "malformed": "malformed",
-    "schema": "malformed",
-    "not_external": "malformed",
+    "schema": "schema",
+    "not_external": "schema",
     "too_long": "malformed",
     "invalid_in_state": "invalid_in_state",
     "unknown_actor": "unknown_actor",
@@ -116,6 +123,66 @@ class Refusal(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     """The JSON path of the offending value (``$.pid``), when one value was at fault."""
 
 
+# --- queries: ask the agent, change nothing (handled by :mod:`substrate_gpu.service.query`) ---
+
+
+class ActorQuery(
+    msgspec.Struct,
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+    tag_field="query",
+    tag="actor",
+):
+    """``{"query": "actor", "actor_id": A}``: one actor's state and reason."""
+
+    actor_id: str
+
+
+class ActorsQuery(
+    msgspec.Struct,
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+    tag_field="query",
+    tag="actors",
+):
+    """``{"query": "actors"}``, or with ``"state": S``: every actor (in state ``S``)."""
+
+    state: str | msgspec.UnsetType = msgspec.UNSET
+    """Only the actors in this state (a state of ``machines/actor.yaml``)."""
+
+
+Query = ActorQuery | ActorsQuery
+"""A query line (told apart from an event line by its ``query`` key)."""
+
+
+class ActorStatus(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a query says about one actor."""
+
+    actor_id: str
+    state: str
+    gpu: bool
+    reason: str | msgspec.UnsetType = msgspec.UNSET
+    """Why it stands where it stands, when the last transition said (a refusal, a failure)."""
+    checkpoint: str | msgspec.UnsetType = msgspec.UNSET
+    """Its latest checkpoint image, when it has one."""
+
+
+class ActorAnswer(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The answer to an :class:`ActorQuery`."""
+
+    ok: Literal[True]
+    actor: ActorStatus
+
+
+class ActorsAnswer(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The answer to an :class:`ActorsQuery`: the actors, ordered by id."""
+
+    ok: Literal[True]
+    actors: list[ActorStatus]
+
+
 @dataclass(frozen=True)
 class RequestError:
     """A request line that was refused before reaching the agent, or by the machine."""
@@ -130,9 +197,16 @@ class RequestError:
     """The JSON path of the offending value, when one value was at fault."""
 
 
+#: The event types a client may send (sorted): suggestions and "accepted here" name only these.
+EXTERNAL_TYPES: Final[tuple[str, ...]] = tuple(
+    sorted(t for t, cls in events.REGISTRY.items() if cls.external)
+)
+
+
 class _Envelope(msgspec.Struct):
     """The keys of a request line the event types cannot tell apart from their defaults."""
 
+    type: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     v: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     seq: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     actor_id: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
@@ -162,6 +236,46 @@ def _actor_named(line: bytes) -> str | None:
         return None
 
 
+def _type_named(line: bytes) -> str | None:
+    """The ``type`` a refused line names, if it names a string (only on the error path)."""
+    envelope = _envelope(line)
+    if envelope is None or isinstance(envelope.type, msgspec.UnsetType):
+        return None
+    try:
+        return msgspec.json.decode(envelope.type, type=str)
+    except msgspec.MsgspecError:
+        return None
+
+
+def _not_external(kind: str, actor_id: str | None) -> RequestError:
+    return RequestError(
+        "not_external",
+        f"event type {kind!r} is an effect outcome produced by the agent itself; "
+        "send external events only",
+        actor_id,
+        "$.type",
+    )
+
+
+def _schema_error(line: bytes, failure: codec.DecodeFailure) -> RequestError:
+    """A well-formed line that is no valid request: say what a client may send instead."""
+    actor_id = _actor_named(line)
+    kind = _type_named(line)
+    if kind is not None and kind in events.REGISTRY and not events.REGISTRY[kind].external:
+        return _not_external(kind, actor_id)  # before its missing fields: it cannot be sent
+    if kind is not None and kind not in events.REGISTRY:
+        close = difflib.get_close_matches(kind, EXTERNAL_TYPES, n=3, cutoff=0.6)
+        hint = (
+            f"did you mean {' or '.join(repr(c) for c in close)}?"
+            if close
+            else f"a client may send: {', '.join(EXTERNAL_TYPES)}"
+        )
+        return RequestError(
+            "schema", f"unknown event type {kind!r}; {hint} - at `$.type`", actor_id, "$.type"
+        )
+    return RequestError("schema", str(failure), actor_id, failure.field)
+
+
 def parse_request(line: bytes) -> events.Event | RequestError:
     """The event a request line carries, or why it cannot be accepted (never raises)."""
     if len(line) > MAX_LINE_BYTES:
@@ -171,7 +285,7 @@ def parse_request(line: bytes) -> events.Event | RequestError:
     except codec.DecodeFailure as e:
         if e.malformed:
             return RequestError("malformed", str(e))
-        return RequestError("schema", str(e), _actor_named(line), e.field)
+        return _schema_error(line, e)
     envelope = _envelope(line)  # the line decoded as an event: it is well-formed
     assert envelope is not None
     if isinstance(envelope.v, msgspec.UnsetType):
@@ -191,13 +305,7 @@ def parse_request(line: bytes) -> events.Event | RequestError:
             "$.seq",
         )
     if not event.external:
-        return RequestError(
-            "not_external",
-            f"event type {event.type!r} is an effect outcome produced by the agent itself; "
-            "send external events only",
-            event.actor_id,
-            "$.type",
-        )
+        return _not_external(event.type, event.actor_id)
     if not ACTOR_ID.fullmatch(event.actor_id):
         return RequestError(
             "schema",
@@ -210,12 +318,31 @@ def parse_request(line: bytes) -> events.Event | RequestError:
     return event
 
 
-def classify_refusal(error: errors.InvalidEvent) -> RequestError:
-    """The response for an event the machine refused."""
-    unknown = error.problem.startswith("unknown actor")
-    return RequestError(
-        "unknown_actor" if unknown else "invalid_in_state", str(error), error.actor_id
-    )
+def classify_refusal(
+    error: errors.InvalidEvent, spec: machine.MachineSpec | None = None
+) -> RequestError:
+    """The response for an event the machine refused.
+
+    With the machine's ``spec``, a state refusal lists what a *client* may send in that
+    state (the machine's own message lists effect outcomes too, which no client can send).
+    """
+    if error.problem.startswith("unknown actor"):
+        return RequestError("unknown_actor", str(error), error.actor_id)
+    message = str(error)
+    if spec is not None and error.state in spec.accepts:
+        sendable = sorted(t for t in spec.accepts[error.state] if t in EXTERNAL_TYPES)
+        here = (
+            ", ".join(sendable)
+            if sendable
+            else "nothing while its effect runs; wait for it to finish"
+            if error.state in spec.effects
+            else "nothing"
+        )
+        message = (
+            f"actor {error.actor_id!r} in state {error.state!r} refused event "
+            f"{error.event_type!r}: not accepted in this state (accepted here: {here})"
+        )
+    return RequestError("invalid_in_state", message, error.actor_id)
 
 
 def ack(seq: int, transition: hooks.Transition) -> bytes:

@@ -49,8 +49,7 @@ async def open_log(
     recovered = None
     if path.exists() and path.stat().st_size > 0:
         recovered = await eventlog.recover(path, runtime=runtime, checkpoint_root=checkpoint_root)
-        if recovered.torn_tail is not None:
-            log.warning("event log had a torn last line", detail=recovered.torn_tail.describe())
+        # A torn tail is warned about once, by EventLog.open below (which truncates it).
         for line in recovered.report:
             log.info("reconciled an interrupted effect", detail=line.describe())
     opened = await eventlog.EventLog.open(path, metrics=metrics)

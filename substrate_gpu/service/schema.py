@@ -5,13 +5,16 @@ fails when it is stale. Regenerate it with::
 
     .venv/bin/python -m substrate_gpu.service.schema > docs/schema/agent-protocol.schema.json
 
-``$defs`` holds every event type and both answers (msgspec.json.schema_components of the
+``$defs`` holds every event type, the queries and the answers (msgspec.json.schema_components of the
 same Structs). Three unions on top say who writes what:
 
 - ``Request``: what a client may send, the *external* events, each in its request form:
   ``v`` required, no ``seq`` (the agent stamps it), ``actor_id`` matching the protocol's
   pattern;
-- ``Answer``: ``Ack`` or ``Refusal``, one per request line;
+- ``Query``: what a client may ask (``{"query": "actor", ...}``, ``{"query": "actors"}``),
+  answered and never logged (:mod:`substrate_gpu.service.query`);
+- ``Answer``: ``Ack`` or ``Refusal`` for a request, ``ActorAnswer``/``ActorsAnswer`` (or a
+  ``Refusal``) for a query, one per line;
 - ``Outcome``: the events only the agent's effects produce (they appear in the event log,
   never in a request).
 """
@@ -38,8 +41,11 @@ def build() -> dict[str, Any]:
         [events.union_of(external), events.union_of(outcomes)], ref_template=_REF
     )
     _, answer_defs = msgspec.json.schema_components(
-        [protocol.Ack, protocol.Refusal], ref_template=_REF
+        [protocol.Ack, protocol.Refusal, protocol.ActorAnswer, protocol.ActorsAnswer],
+        ref_template=_REF,
     )
+    (query_union,), query_defs = msgspec.json.schema_components([protocol.Query], ref_template=_REF)
+    answer_defs.update(query_defs)
     defs.update(answer_defs)
     requests = []
     for cls in sorted(external, key=lambda c: c.type):
@@ -53,16 +59,27 @@ def build() -> dict[str, Any]:
             "One JSON object per line: a Request in, an Answer out. Generated from "
             "substrate_gpu (python -m substrate_gpu.service.schema); do not edit."
         ),
-        "anyOf": [{"$ref": "#/$defs/Request"}, {"$ref": "#/$defs/Answer"}],
+        "anyOf": [
+            {"$ref": "#/$defs/Request"},
+            {"$ref": "#/$defs/Query"},
+            {"$ref": "#/$defs/Answer"},
+        ],
         "$defs": {
             "Request": {
                 "description": "What a client may send: an external event, without seq.",
                 "oneOf": requests,
                 "discriminator": {"propertyName": "type"},
             },
+            "Query": {
+                "description": "What a client may ask (answered, never logged).",
+                **query_union,
+            },
             "Answer": {
-                "description": "The agent's answer to one request line.",
-                "oneOf": [{"$ref": _REF.format(name="Ack")}, {"$ref": _REF.format(name="Refusal")}],
+                "description": "The agent's answer to one request or query line.",
+                "oneOf": [
+                    {"$ref": _REF.format(name=name)}
+                    for name in ("Ack", "Refusal", "ActorAnswer", "ActorsAnswer")
+                ],
             },
             "Outcome": {
                 "description": "Produced by the agent's effects (event log only), never sent.",

@@ -61,7 +61,7 @@ from substrate_gpu.observability import AgentMetrics, AgentRegistry, MetricsServ
 from substrate_gpu.probes.api import CudaContextProbe
 from substrate_gpu.runsc.api import SandboxRuntime
 from substrate_gpu.service import config as config_
-from substrate_gpu.service import protocol, recovery, wiring
+from substrate_gpu.service import protocol, query, recovery, wiring
 from substrate_gpu.service.config import AgentConfig
 
 log = structlog.get_logger(__name__)
@@ -86,7 +86,7 @@ class AgentService:
         try:
             transition = await self.agent.submit(event)
         except errors.InvalidEvent as e:
-            return self.reject(protocol.classify_refusal(e), line_number)
+            return self.reject(protocol.classify_refusal(e, self.agent.spec), line_number)
         except (eventlog.EventLogError, errors.AgentClosedError) as e:
             self._log_failed(e)
             return self.reject(unavailable(self.log_failure or str(e)), line_number)
@@ -99,6 +99,8 @@ class AgentService:
             return None
         if len(line) > protocol.MAX_LINE_BYTES:
             return self.reject(too_long(), line_number)
+        if query.is_query(line):
+            return query.answer(self.agent, line, line_number)
         try:
             parsed = protocol.parse_request(line)
         except Exception as e:  # noqa: BLE001 (the per-line boundary: see the module doc)
@@ -568,7 +570,9 @@ async def running_agent(
         if recovered is not None:
             resumed = recovery.summary(recovered)
             log.info(
-                "resumed from the event log",
+                "resumed %d actors at seq %d",
+                resumed.actors,
+                resumed.last_seq,
                 path=str(config.event_log),
                 actors=resumed.actors,
                 last_seq=resumed.last_seq,

@@ -30,14 +30,21 @@ class AgentProcess:
     """``python -m substrate_gpu agent …`` with its stderr in a file."""
 
     def __init__(
-        self, tmp: Path, *args: str, stdin: bool = False, env: dict[str, str] | None = None
+        self,
+        tmp: Path,
+        *args: str,
+        stdin: bool = False,
+        env: dict[str, str] | None = None,
+        log_level: str | None = "INFO",
     ) -> None:
+        """``log_level`` None: the agent's own default (no ``--log-level``)."""
         self.tmp = tmp
         self.socket = tmp / "agent.sock"
         self.log = tmp / "events.jsonl"
         self.stderr_path = tmp / f"agent-{time.monotonic_ns()}.stderr"
         self._stderr = self.stderr_path.open("w")
-        argv = [sys.executable, "-m", "substrate_gpu", "--log-level", "INFO", "agent", *args]
+        level = ["--log-level", log_level] if log_level is not None else []
+        argv = [sys.executable, "-m", "substrate_gpu", *level, "agent", *args]
         self.process = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,

@@ -196,9 +196,9 @@ def test_restart_on_an_existing_log_resumes_every_actor(tmp_path):
 
 
 def test_no_input_is_a_usage_error(tmp_path):
-    """Without --socket, --stdin or --demo the agent refuses to start (exit 1)."""
+    """Without --socket, --stdin or --demo the agent refuses to start (exit 2, a usage error)."""
     agent = AgentProcess(tmp_path)
-    assert agent.wait() == 1
+    assert agent.wait() == 2
     assert "--socket" in agent.stderr()
 
 

@@ -110,3 +110,39 @@ def test_the_agent_s_answers_are_valid() -> None:
         protocol.refusal(protocol.RequestError("malformed", "request is not valid JSON"), 1),
     ):
         _validator("Answer").validate(json.loads(line))
+
+
+@pytest.mark.parametrize(
+    "query_",
+    [
+        pytest.param({"query": "actor", "actor_id": "a1"}, id="actor"),
+        pytest.param({"query": "actors"}, id="actors"),
+        pytest.param({"query": "actors", "state": "running"}, id="actors-in-state"),
+    ],
+)
+def test_a_query_is_valid_against_the_query_schema_and_is_no_event(
+    query_: dict[str, object],
+) -> None:
+    """Queries have their own definition; the Request (event) schema refuses them."""
+    _validator("Query").validate(query_)
+    assert not _validator("Request").is_valid(query_)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(
+            {"ok": True, "actor": {"actor_id": "a1", "state": "running", "gpu": True}}, id="one"
+        ),
+        pytest.param(
+            {
+                "ok": True,
+                "actors": [{"actor_id": "a1", "state": "running", "gpu": False, "reason": "live"}],
+            },
+            id="many",
+        ),
+    ],
+)
+def test_a_query_answer_is_valid_against_the_answer_schema(answer: dict[str, object]) -> None:
+    """Query answers are among the Answers."""
+    _validator("Answer").validate(answer)

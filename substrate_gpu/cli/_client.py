@@ -1,0 +1,156 @@
+"""``substrate-gpu client``: send events and queries to a running agent's socket.
+
+So nobody needs socat or a hand-written script: ``send`` builds an event line from its
+type, actor and ``key=value`` fields (``v`` filled in), ``actor``/``actors`` ask the agent
+(:mod:`substrate_gpu.service.query`), and ``-`` sends JSON lines from stdin as they are.
+Each answer is printed as the agent wrote it (one JSON line); a refusal is also worded on
+stderr, and the exit code is 1 when any line was refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import json
+import socket
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from substrate_gpu import exceptions
+from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_OK
+from substrate_gpu.lifecycle import codec, events
+from substrate_gpu.service import protocol
+
+#: How long to wait for one answer (an event's answer follows its fsync: milliseconds).
+ANSWER_TIMEOUT_S = 60.0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``client``."""
+    parser = subparsers.add_parser(
+        "client",
+        help="send events and queries to a running agent's socket; print its answers",
+        description=(
+            "Talk to a running `substrate-gpu agent --socket PATH`: send an event, ask for "
+            "an actor's state, or send JSON lines from stdin. Answers are printed as JSON "
+            "lines; exit 1 when the agent refused a line. See docs/agent.md."
+        ),
+    )
+    parser.add_argument("--socket", type=Path, required=True, help="the agent's Unix socket")
+    what = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    send = what.add_parser(
+        "send",
+        help="send one event: TYPE ACTOR_ID [FIELD=VALUE ...]",
+        description="Send one external event; VALUEs are JSON when they parse (true, 7), "
+        "else strings. The event's version (v) is filled in.",
+    )
+    send.add_argument("type", metavar="TYPE", help="an event a client may send")
+    send.add_argument("actor_id", metavar="ACTOR_ID")
+    send.add_argument("fields", nargs="*", metavar="FIELD=VALUE")
+    send.set_defaults(usage_error=send.error)
+    actor = what.add_parser("actor", help="an actor's state and reason")
+    actor.add_argument("actor_id", metavar="ACTOR_ID")
+    actors = what.add_parser("actors", help="every actor (optionally: in one state)")
+    actors.add_argument("--state", help="only the actors in this state")
+    what.add_parser("-", help="send JSON lines from stdin (events or queries), in order")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``client``."""
+    lines = list(_lines(args))
+    refused = 0
+    with _connected(args.socket) as stream:
+        for number, answer in enumerate(_exchange(stream, lines, args.socket), start=1):
+            sys.stdout.write(answer.decode())
+            sys.stdout.flush()
+            body: dict[str, Any] = json.loads(answer)
+            if body.get("ok") is not True:
+                refused += 1
+                print(
+                    f"substrate-gpu client: line {number} refused ({body.get('kind')}): "
+                    f"{body.get('error')}",
+                    file=sys.stderr,
+                )
+    return EXIT_FAILED if refused else EXIT_OK
+
+
+def _lines(args: argparse.Namespace) -> Iterator[bytes]:
+    if args.action == "send":
+        yield json.dumps(_event(args)).encode()
+    elif args.action == "actor":
+        yield json.dumps({"query": "actor", "actor_id": args.actor_id}).encode()
+    elif args.action == "actors":
+        asked = {"query": "actors"} | ({"state": args.state} if args.state else {})
+        yield json.dumps(asked).encode()
+    else:
+        for line in sys.stdin.buffer:
+            if line.strip():
+                yield line.rstrip(b"\n")
+
+
+def _event(args: argparse.Namespace) -> dict[str, Any]:
+    """The event line ``send`` describes (a usage error for an unknown type or field form)."""
+    cls = events.REGISTRY.get(args.type)
+    if cls is None or not cls.external:
+        close = difflib.get_close_matches(args.type, protocol.EXTERNAL_TYPES, n=3, cutoff=0.6)
+        hint = (
+            f"did you mean {' or '.join(repr(c) for c in close)}?"
+            if close
+            else f"a client may send: {', '.join(protocol.EXTERNAL_TYPES)}"
+        )
+        what = "is an effect outcome, not sent by clients" if cls else "is no event type"
+        args.usage_error(f"{args.type!r} {what}; {hint}")  # exits 2
+        raise AssertionError("unreachable")
+    body: dict[str, Any] = {
+        "type": args.type,
+        "v": max(codec.versions_of(cls)),
+        "actor_id": args.actor_id,
+    }
+    for field in args.fields:
+        name, sep, raw = field.partition("=")
+        if not sep or not name:
+            args.usage_error(f"{field!r} is not FIELD=VALUE")
+        try:
+            body[name] = json.loads(raw)
+        except json.JSONDecodeError:
+            body[name] = raw
+    return body
+
+
+@contextlib.contextmanager
+def _connected(path: Path) -> Iterator[socket.socket]:
+    stream = socket.socket(socket.AF_UNIX)
+    stream.settimeout(ANSWER_TIMEOUT_S)
+    try:
+        stream.connect(str(path))
+    except OSError as e:
+        stream.close()
+        raise exceptions.SubstrateGpuError(
+            f"while connecting to the agent socket {path}: {(e.strerror or str(e)).lower()}; "
+            f"is the agent running with --socket {path}?"
+        ) from None
+    with stream:
+        yield stream
+
+
+def _exchange(stream: socket.socket, lines: Iterable[bytes], path: Path) -> Iterator[bytes]:
+    """Send each line and read its answer (one at a time: answers come in order)."""
+    reader = stream.makefile("rb")
+    for line in lines:
+        try:
+            stream.sendall(line + b"\n")
+            answer = reader.readline()
+        except OSError as e:
+            raise exceptions.SubstrateGpuError(
+                f"while talking to the agent on {path}: {(e.strerror or str(e)).lower()}"
+            ) from None
+        if not answer:
+            raise exceptions.SubstrateGpuError(
+                f"while talking to the agent on {path}: it closed the connection "
+                "before answering (is it shutting down?)"
+            )
+        yield answer
