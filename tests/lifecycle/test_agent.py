@@ -341,7 +341,9 @@ async def test_recorder_sees_each_event_before_its_effect_starts(
 
     async with make_agent(recorder=Recorder(), injector=inject) as agent:
         await bring_to_running(agent)
-    assert seen_at_injection == [["actor_registered", "bundle_prepared", "run_requested"]]
+    assert seen_at_injection == [
+        ["actor_registered", "bundle_prepared", "run_requested", "gpus_allocated"]
+    ]
     assert [e.seq for e in recorded] == list(range(1, len(recorded) + 1))
 
 
