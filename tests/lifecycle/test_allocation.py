@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from lifecycle.doubles import FakeInjector
 from substrate_gpu.eventlog import EventLog, replay
@@ -24,6 +25,8 @@ from substrate_gpu.lifecycle.allocation import (
     held_by,
 )
 from substrate_gpu.lifecycle.errors import AllocationError, EventSchemaError
+from substrate_gpu.observability.metrics import AgentMetrics
+from substrate_gpu.service.wiring import LifecycleMetricsBridge
 
 MakeAgent = Callable[..., Agent]
 SPEC = machine.load_spec()
@@ -300,3 +303,18 @@ async def test_without_an_allocator_a_gpu_actor_gets_every_gpu_as_before(
         await agent.submit(events.RunRequested(actor_id="a"))
         await agent.wait_for_state("a", "running", timeout=5)
     assert injector.granted == [None]
+
+
+@anyio_mark
+async def test_the_gauges_show_the_workers_gpus_allocated_and_free(make_agent: MakeAgent) -> None:
+    registry = CollectorRegistry()
+    metrics = LifecycleMetricsBridge(AgentMetrics(registry=registry))
+    async with make_agent(allocator=GpuAllocator(FOUR, name="w1"), metrics=metrics) as agent:
+        await _register(agent, "a", gpus=3)
+        await agent.submit(events.RunRequested(actor_id="a"))
+        await agent.wait_for_state("a", "running", timeout=5)
+        assert registry.get_sample_value("substrate_gpu_gpus_allocated", {"worker": "w1"}) == 3
+        assert registry.get_sample_value("substrate_gpu_gpus_free", {"worker": "w1"}) == 1
+        await agent.submit(events.SandboxExited(actor_id="a", status=0))
+        await agent.wait_for_state("a", "stopped", timeout=5)
+        assert registry.get_sample_value("substrate_gpu_gpus_free", {"worker": "w1"}) == 4
