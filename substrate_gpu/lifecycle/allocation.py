@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING, Protocol
 
 from substrate_gpu import cdi
