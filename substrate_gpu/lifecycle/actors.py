@@ -177,7 +177,7 @@ class Actor:
 
     def allocates_gpus(self, event: events.Event) -> bool:
         """A GPU actor whose GPUs come from the allocator (not a v1 registration)."""
-        return self.uses_allocator
+        return self.gpu and self.uses_allocator
 
     def allocated_for_restore(self, event: events.Event) -> bool:
         """The GPUs being allocated are for a restore (not a run from the bundle)."""
