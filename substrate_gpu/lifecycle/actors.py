@@ -66,6 +66,11 @@ class Actor:
         "cuda_pids",
         "checkpoint_cuda_pids",
         "context_pids",
+        "gpus",
+        "gpu_names",
+        "gpu_devices",
+        "gpu_next",
+        "uses_allocator",
     )
     __slots__ = (*FIELDS, "refusal", "transition_reason")
 
@@ -99,6 +104,17 @@ class Actor:
         self.checkpoint_cuda_pids = ""
         """Pids whose CUDA state the last good checkpoint holds (exec route): every restore
         of that checkpoint resumes them."""
+        self.gpus = 0
+        """GPUs asked for by count (0: by ``gpu_names``, else all of the worker's)."""
+        self.gpu_names = ""
+        """GPUs asked for by qualified CDI name, comma-separated (CDI names have no comma)."""
+        self.gpu_devices = ""
+        """The GPUs last allocated, comma-separated (held while the state ``holds_gpus``)."""
+        self.gpu_next = ""
+        self.uses_allocator = False
+        """GPUs come from the worker's allocator (registered by ``actor_registered`` v2+;
+        a v1 registration, from a log older than allocation, got all GPUs unallocated)."""
+        """Where ``allocating`` leads once GPUs are granted: ``run`` or ``restore``."""
         self.refusal: str | None = None
         """Set by the applied transition: the bounded refusal reason, if it is one."""
         self.transition_reason: str | None = None
@@ -159,6 +175,14 @@ class Actor:
         """The restored image holds CUDA state checkpointed through the sandbox."""
         return getattr(event, "cuda_route", "") == events.ROUTE_EXEC
 
+    def allocates_gpus(self, event: events.Event) -> bool:
+        """A GPU actor whose GPUs come from the allocator (not a v1 registration)."""
+        return self.gpu and self.uses_allocator
+
+    def allocated_for_restore(self, event: events.Event) -> bool:
+        """The GPUs being allocated are for a restore (not a run from the bundle)."""
+        return self.gpu_next == "restore"
+
     def context_is_open(self, event: events.Event) -> bool:
         """The event's context is open: its pid's, or else a pid-less one."""
         pid = getattr(event, "pid", 0)
@@ -168,11 +192,27 @@ class Actor:
     # --- callbacks (named by the YAML; they write the actor) -------------------------------
 
     def remember_registration(self, event: events.Event) -> None:
-        """Take ``gpu`` and ``bundle`` from ``actor_registered``."""
+        """Take ``gpu`` (or a GPU count or names) and ``bundle`` from ``actor_registered``."""
         assert isinstance(event, events.ActorRegistered)
-        self.gpu = event.gpu
+        self.gpu = event.wants_gpus
+        self.gpus = event.gpus
+        self.gpu_names = ",".join(event.gpu_names)
+        self.uses_allocator = event.allocates_gpus
         self.bundle = event.bundle
         self.suspend_policy = event.suspend_policy
+
+    def allocate_to_run(self, event: events.Event) -> None:
+        """Once GPUs are granted, inject them and create the sandbox."""
+        self.gpu_next = "run"
+
+    def allocate_to_restore(self, event: events.Event) -> None:
+        """Once GPUs are granted, restore the checkpoint onto them."""
+        self.gpu_next = "restore"
+
+    def remember_gpus(self, event: events.Event) -> None:
+        """Take the GPUs of ``gpus_allocated``."""
+        assert isinstance(event, events.GpusAllocated)
+        self.gpu_devices = ",".join(event.names)
 
     def remember_bundle(self, event: events.Event) -> None:
         """Take the (re-)prepared bundle directory."""
@@ -331,6 +371,11 @@ class ActorView:
     cuda_pids: str = ""
     checkpoint_cuda_pids: str = ""
     context_pids: str = ""
+    gpus: int = 0
+    gpu_names: str = ""
+    gpu_devices: str = ""
+    gpu_next: str = ""
+    uses_allocator: bool = False
 
 
 def _methods(returns: str) -> frozenset[str]:

@@ -36,7 +36,16 @@ from typing import Self
 
 import anyio
 
-from substrate_gpu.lifecycle import actors, effects, errors, events, hooks, machine, pipeline
+from substrate_gpu.lifecycle import (
+    actors,
+    allocation,
+    effects,
+    errors,
+    events,
+    hooks,
+    machine,
+    pipeline,
+)
 from substrate_gpu.lifecycle.gpu import GpuSettings
 from substrate_gpu.probes.api import CudaContextProbe
 from substrate_gpu.runsc.api import SandboxRuntime
@@ -119,12 +128,15 @@ class Agent:
         concurrency: int = 64,
         resume: ResumePoint | None = None,
         gpu: GpuSettings | None = None,
+        allocator: allocation.GpuAllocator | None = None,
     ) -> None:
         """``timeouts`` overrides :data:`effects.DEFAULT_TIMEOUTS` per effect name;
         ``queue_size`` bounds effects queued or running (``submit`` waits beyond it);
         ``concurrency`` is how many effects run at once; ``resume`` restarts from an
         event log (see the module doc); ``gpu`` turns on driver preflight, checkpoint
-        manifests and the CUDA suspend routes (:mod:`substrate_gpu.lifecycle.gpu`)."""
+        manifests and the CUDA suspend routes (:mod:`substrate_gpu.lifecycle.gpu`);
+        ``allocator`` hands out the worker's GPUs one actor at a time
+        (:mod:`substrate_gpu.lifecycle.allocation`; without it every GPU actor gets all)."""
         if isinstance(machine_spec, machine.MachineSpec):
             spec = machine_spec
         else:
@@ -141,6 +153,7 @@ class Agent:
                 injector=injector,
                 checkpoint_root=checkpoint_root,
                 gpu=gpu,
+                allocator=allocator,
             ),
             timeouts=timeouts,
             recorder=recorder,

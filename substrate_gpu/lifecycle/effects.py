@@ -37,7 +37,7 @@ Decisions worth knowing:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -45,7 +45,7 @@ from typing import Protocol
 import structlog
 
 from substrate_gpu import cudackpt, exceptions, preflight
-from substrate_gpu.lifecycle import errors, events, registry
+from substrate_gpu.lifecycle import allocation, errors, events, registry
 from substrate_gpu.lifecycle.actors import ActorView
 from substrate_gpu.lifecycle.gpu import GpuSettings
 from substrate_gpu.probes.api import CudaContextProbe
@@ -64,8 +64,10 @@ DEFAULT_TIMEOUTS: Mapping[str, float] = registry.DEFAULT_TIMEOUTS
 class GpuInjector(Protocol):
     """Injects the worker's GPUs into an OCI bundle (idempotent)."""
 
-    async def __call__(self, bundle: Path) -> int:
-        """Edit ``bundle``/config.json in place; return the number of device nodes injected."""
+    async def __call__(self, bundle: Path, *, devices: Sequence[str] | None = None) -> int:
+        """Edit ``bundle``/config.json in place; return the number of device nodes injected.
+
+        ``devices``: the qualified CDI names the allocator granted; ``None``: all GPUs."""
         ...
 
 
@@ -83,6 +85,8 @@ class EffectContext:
     """Checkpoint images go to ``<checkpoint_root>/<actor>/<seq>``."""
     gpu: GpuSettings | None = None
     """Driver preflight, manifests and CUDA suspend routes; None: upstream behaviour."""
+    allocator: allocation.GpuAllocator | None = None
+    """The worker's GPU allocator; None: every GPU actor gets all GPUs (upstream)."""
 
 
 Effect = Callable[[EffectContext, ActorView, events.Event], Awaitable[events.Event]]
@@ -98,10 +102,43 @@ async def _delete_quietly(ctx: EffectContext, actor_id: str) -> None:
         await ctx.runtime.delete(actor_id, force=True)
 
 
+def _granted(actor: ActorView) -> tuple[str, ...] | None:
+    """The allocated GPUs to inject, or ``None`` for all of them (no allocator)."""
+    return tuple(actor.gpu_devices.split(",")) if actor.gpu_devices else None
+
+
+async def _inject(ctx: EffectContext, actor: ActorView) -> int:
+    devices = _granted(actor)
+    if devices is None:
+        return await ctx.injector(Path(actor.bundle))
+    return await ctx.injector(Path(actor.bundle), devices=devices)
+
+
+async def allocate(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
+    """Ask the worker's allocator for the actor's GPUs.
+
+    No await: the decision and the acceptance of its outcome (which updates the table)
+    happen without another actor's allocation in between, so grants are disjoint.
+    """
+    request = allocation.request_of(actor)
+    if ctx.allocator is None:
+        # No allocator: the upstream behaviour (all GPUs, or exactly the names asked for).
+        return events.GpusAllocated(actor_id=actor.actor_id, names=request.names)
+    decision = ctx.allocator.decide(request)
+    if isinstance(decision, allocation.Granted):
+        return events.GpusAllocated(actor_id=actor.actor_id, names=decision.devices)
+    if isinstance(decision, allocation.Wait):
+        return events.GpusUnavailable(actor_id=actor.actor_id, message=decision.reason)
+    return events.GpusRefused(
+        actor_id=actor.actor_id,
+        message=f"while allocating GPUs on worker {ctx.allocator.name!r}: {decision.reason}",
+    )
+
+
 async def inject(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
-    """Inject the worker's GPUs into the actor's bundle."""
+    """Inject the allocated GPUs (all of the worker's without an allocator) into the bundle."""
     try:
-        devices = await ctx.injector(Path(actor.bundle))
+        devices = await _inject(ctx, actor)
     except exceptions.SubstrateGpuError as e:
         return events.InjectionFailed(actor_id=actor.actor_id, message=_message(e))
     return events.GpuInjected(actor_id=actor.actor_id, devices=devices)
@@ -304,7 +341,7 @@ async def restore(ctx: EffectContext, actor: ActorView, event: events.Event) -> 
     devices = 0
     try:
         if actor.gpu:
-            devices = await ctx.injector(Path(actor.bundle))
+            devices = await _inject(ctx, actor)
         await ctx.runtime.restore(actor_id, Path(actor.bundle), Path(image), nvproxy=actor.gpu)
     except exceptions.SubstrateGpuError as e:
         await _delete_quietly(ctx, actor_id)
@@ -447,6 +484,7 @@ async def delete(ctx: EffectContext, actor: ActorView, event: events.Event) -> e
 
 #: Effect implementations by the name used in ``machines/actor.yaml``.
 EFFECTS: Mapping[str, Effect] = {
+    "allocate": allocate,
     "inject": inject,
     "create": create,
     "start": start,

@@ -44,3 +44,7 @@ class StateWaitTimeout(exceptions.SubstrateGpuError, TimeoutError):
 
 class SubscriptionOverflow(exceptions.SubstrateGpuError):
     """A transition subscriber fell behind its buffer and was disconnected (it missed some)."""
+
+
+class AllocationError(exceptions.SubstrateGpuError):
+    """A GPU allocation would share a GPU between actors or name one the worker lacks."""

@@ -175,9 +175,16 @@ def register(cls: E) -> E:
 
 
 @register
-class ActorRegistered(Event, frozen=True, tag="actor_registered"):
-    """The node agent knows a new actor."""
+class ActorRegistered(Event, frozen=True, kw_only=True, tag="actor_registered"):
+    """The node agent knows a new actor.
 
+    Version 2 (GPU allocation): a GPU actor's GPUs come from the worker's allocator. A v1
+    line (written before allocation existed) keeps its meaning: all of the worker's GPUs,
+    injected without allocation (:attr:`allocates_gpus` is False), so old logs replay as
+    they were written.
+    """
+
+    v: Literal[1, 2] = 2  # type: ignore[assignment]  # reads v1 and v2 (see above)
     gpu: bool
     """The actor's pool requests GPUs: inject them and use nvproxy."""
     bundle: str
@@ -186,8 +193,35 @@ class ActorRegistered(Event, frozen=True, tag="actor_registered"):
     """The pool's GPU suspend policy: ``auto`` suspends a live CUDA context through the best
     route the node has (refusing when there is none), ``refuse`` always refuses while a
     context is live (the upstream behaviour). Optional: older logs read as ``auto``."""
+    gpus: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 0
+    """How many of the worker's GPUs (lowest free indices first); 0: see ``gpu_names``, else
+    all of them. Optional: older logs read as 0 (``gpu`` alone means all GPUs, as before)."""
+    gpu_names: tuple[str, ...] = ()
+    """Fully qualified CDI names (``nvidia.com/gpu=0``, ``nvidia.com/gpu=GPU-<uuid>``, a DRA
+    claim's names): exactly these GPUs. Optional: older logs read as none."""
+
+    @property
+    def allocates_gpus(self) -> bool:
+        """GPUs come from the allocator: every registration since v2."""
+        return self.v >= 2
+
+    @property
+    def wants_gpus(self) -> bool:
+        """A GPU actor: ``gpu``, a count or names."""
+        return self.gpu or self.gpus > 0 or bool(self.gpu_names)
 
     def __post_init__(self) -> None:
+        if self.gpus and self.gpu_names:
+            raise errors.EventSchemaError(
+                f"actor_registered for {self.actor_id!r}: give gpus ({self.gpus}) or "
+                f"gpu_names ({', '.join(self.gpu_names)}), not both"
+            )
+        bad = [n for n in self.gpu_names if "/" not in n or "=" not in n]
+        if bad:
+            raise errors.EventSchemaError(
+                f"actor_registered for {self.actor_id!r}: gpu_names must be fully qualified "
+                f"CDI names (vendor/class=name), got {', '.join(map(repr, bad))}"
+            )
         if self.suspend_policy not in SUSPEND_POLICIES:
             raise errors.EventSchemaError(
                 f"actor_registered for {self.actor_id!r}: unknown suspend_policy "
@@ -275,6 +309,39 @@ class GpuInjected(Outcome, frozen=True, tag="gpu_injected"):
 
     devices: int
     """Device nodes injected."""
+
+
+@register
+class GpusAllocated(Outcome, frozen=True, tag="gpus_allocated"):
+    """The worker's allocator handed these GPUs to the actor (before injection)."""
+
+    names: tuple[str, ...]
+    """The GPUs' canonical qualified CDI names, in index order."""
+
+
+@register
+class GpusUnavailable(Outcome, frozen=True, tag="gpus_unavailable"):
+    """Other actors hold GPUs the actor asked for: it waits until GPUs are freed."""
+
+    message: str
+
+    def describe(self) -> str:
+        return self.message
+
+
+@register
+class GpusRefused(Outcome, frozen=True, tag="gpus_refused"):
+    """This worker can never meet the actor's GPU request (too many, unknown names)."""
+
+    message: str
+
+    def describe(self) -> str:
+        return self.message
+
+
+@register
+class GpusFreed(Outcome, frozen=True, tag="gpus_freed"):
+    """GPUs were freed while the actor waited for some: ask the allocator again."""
 
 
 @register

@@ -56,6 +56,8 @@ class StateSpec:
     final: bool = False
     """No way out (deleted)."""
     description: str = ""
+    holds_gpus: bool = False
+    """An actor here keeps the GPUs allocated to it; entering another state frees them."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,11 @@ class MachineSpec:
             for source in t.sources:
                 out[source].add(t.trigger)
         return {s: frozenset(triggers) for s, triggers in out.items()}
+
+    @cached_property
+    def gpu_holding_states(self) -> frozenset[str]:
+        """States in which an actor keeps its allocated GPUs (``holds_gpus``)."""
+        return frozenset(s.name for s in self.states if s.holds_gpus)
 
     @cached_property
     def in_flight_states(self) -> frozenset[str]:
@@ -183,7 +190,7 @@ def parse_spec(raw: object, path: Path) -> MachineSpec:
         where = f"states[{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise _fail(path, where, "must be a mapping with a string name")
-        extra = set(entry) - {"name", "effect", "final", "description"}
+        extra = set(entry) - {"name", "effect", "final", "description", "holds_gpus"}
         if extra:
             raise _fail(path, f"{where} ({entry['name']})", f"unknown key(s) {sorted(extra)}")
         effect = entry.get("effect")
@@ -199,6 +206,7 @@ def parse_spec(raw: object, path: Path) -> MachineSpec:
                 effect=effect,
                 final=bool(entry.get("final", False)),
                 description=str(entry.get("description", "")),
+                holds_gpus=bool(entry.get("holds_gpus", False)),
             )
         )
     names = [s.name for s in states]

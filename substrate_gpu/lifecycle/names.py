@@ -19,6 +19,8 @@ class State(StrEnum):
     NEW = "new"
     REGISTERED = "registered"
     BUNDLE_PREPARED = "bundle_prepared"
+    ALLOCATING = "allocating"
+    AWAITING_GPUS = "awaiting_gpus"
     INJECTING = "injecting"
     CREATING = "creating"
     STARTING = "starting"
@@ -50,6 +52,10 @@ class Trigger(StrEnum):
     CUDA_CONTEXT_CLOSED = "cuda_context_closed"
     SANDBOX_EXITED = "sandbox_exited"
     # outcomes (the effects produce them)
+    GPUS_ALLOCATED = "gpus_allocated"
+    GPUS_UNAVAILABLE = "gpus_unavailable"
+    GPUS_REFUSED = "gpus_refused"
+    GPUS_FREED = "gpus_freed"
     GPU_INJECTED = "gpu_injected"
     INJECTION_FAILED = "injection_failed"
     SANDBOX_CREATED = "sandbox_created"
@@ -76,6 +82,7 @@ class Trigger(StrEnum):
 class Effect(StrEnum):
     """An effect an in-flight state starts (a state's ``effect`` in the YAML)."""
 
+    ALLOCATE = "allocate"
     INJECT = "inject"
     CREATE = "create"
     START = "start"

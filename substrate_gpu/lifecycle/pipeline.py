@@ -37,7 +37,7 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from substrate_gpu.lifecycle import actors, effects, errors, events, hooks
+from substrate_gpu.lifecycle import actors, allocation, effects, errors, events, hooks
 
 _log = structlog.get_logger(__name__)
 
@@ -53,6 +53,19 @@ class RejectionRecorder(Protocol):
 
     async def record_rejected(self, event: events.Event, state: str, problem: str) -> None:
         """Persist the refusal of ``event`` (unstamped) by an actor in ``state``."""
+        ...
+
+
+@runtime_checkable
+class GpuMetrics(Protocol):
+    """A :class:`~hooks.LifecycleMetrics` that also shows the worker's GPU allocation.
+
+    Optional: the pipeline calls it, when the metrics object has it, after every change of
+    the allocation table.
+    """
+
+    def gpus_allocated(self, worker: str, allocated: int, free: int) -> None:
+        """The worker's GPUs held by actors, and free."""
         ...
 
 
@@ -98,6 +111,15 @@ class Pipeline:
         self._idle.set()
         self._broken: BaseException | None = None
         self._serving = False
+        self._allocator = context.allocator
+        self._holding = table.spec.gpu_holding_states
+        self._gpus_freed = anyio.Event()
+        if self._allocator is not None:
+            # The table is the projection of the actors' records (resumed ones included).
+            self._allocator.rebuild(
+                (a.actor_id, allocation.held_by(a, self._holding)) for a in table
+            )
+            self._report_gpus()
 
     # --- lifecycle of the pipeline itself ---------------------------------------------------
 
@@ -109,6 +131,10 @@ class Pipeline:
                 tg.start_soon(self._worker, receive)
             self._send = send
             self._serving = True
+            if self._allocator is not None:
+                # Actors resumed waiting for GPUs are offered the free ones once.
+                self._gpus_freed.set()
+                tg.start_soon(self._offer_freed_gpus)
             task_status.started()
             try:
                 await anyio.sleep(math.inf)
@@ -239,12 +265,54 @@ class Pipeline:
         self._send.send_nowait(job)
         self._report_depth()
 
+    async def _offer_freed_gpus(self) -> None:
+        """Send ``gpus_freed`` to every actor waiting for GPUs, each time GPUs are freed."""
+        while True:
+            await self._gpus_freed.wait()
+            self._gpus_freed = anyio.Event()
+            waiting = [a.actor_id for a in self.table if a.state == "awaiting_gpus"]
+            for actor_id in waiting:
+                try:
+                    await self.reconcile(events.GpusFreed(actor_id=actor_id))
+                except errors.InvalidEvent:
+                    continue  # it moved on meanwhile (deleted)
+                except errors.AgentClosedError:
+                    return
+
+    def _hold_gpus(self, actor_id: str) -> None:
+        """Bring the allocation table up to date with ``actor_id``'s record."""
+        allocator = self._allocator
+        actor = self.table.get(actor_id)
+        if allocator is None or actor is None:
+            return
+        held = allocation.held_by(actor, self._holding)
+        before = allocator.allocated
+        freed = allocator.hold(actor_id, held)
+        if allocator.allocated != before or freed:
+            self._report_gpus()
+        if freed:
+            self._gpus_freed.set()
+
+    def _report_gpus(self) -> None:
+        metrics: object = self._metrics
+        if self._allocator is not None and isinstance(metrics, GpuMetrics):
+            metrics.gpus_allocated(
+                self._allocator.name, self._allocator.allocated, self._allocator.free
+            )
+
     def _report_depth(self) -> None:
         if self._metrics is not None and self._send is not None:
             self._metrics.queue_depth(self._send.statistics().current_buffer_used)
 
     async def _accept(self, event: events.Event) -> actors.Step:
         step = self.table.apply(event)
+        # Before any await: the next allocation decision must see this one.
+        try:
+            self._hold_gpus(step.event.actor_id)
+        except errors.AllocationError as e:
+            # Unreachable while grants come from the allocator: memory and table disagree.
+            self._broken = e
+            raise
         if self._recorder is not None:
             # Shielded: once applied, the event must be recorded and acted on; a cancelled
             # submit must not leave an actor in flight with no effect queued.

@@ -133,6 +133,25 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
     spec.name: spec
     for spec in (
         EffectSpec(
+            name=Effect.ALLOCATE,
+            outcomes={
+                Trigger.GPUS_ALLOCATED: Ending.OK,
+                Trigger.GPUS_UNAVAILABLE: Ending.REFUSED,
+                Trigger.GPUS_REFUSED: Ending.REFUSED,
+                **_TIMED_OUT,
+            },
+            failure=lambda a, m: events.GpusRefused(actor_id=a.actor_id, message=m),
+            # A pure decision over the allocation table: microseconds.
+            timeout=10.0,
+            metric_label="allocate_gpu",
+            histogram=Histogram.INJECTION,
+            recovery=RecoveryRule(
+                asks_runtime=False,
+                otherwise=RecoveryAction.RERUN,
+                why="the decision is pure: nothing outside the log happened",
+            ),
+        ),
+        EffectSpec(
             name=Effect.INJECT,
             outcomes={
                 Trigger.GPU_INJECTED: Ending.OK,

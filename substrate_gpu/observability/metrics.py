@@ -398,6 +398,18 @@ class AgentMetrics:
             "Events waiting in the agent's pipeline.",
             registry=registry,
         )
+        self._gpus_allocated = Gauge(
+            "substrate_gpu_gpus_allocated",
+            "The worker's GPUs held by actors (the GPU allocator's table).",
+            ["worker"],
+            registry=registry,
+        )
+        self._gpus_free = Gauge(
+            "substrate_gpu_gpus_free",
+            "The worker's GPUs no actor holds.",
+            ["worker"],
+            registry=registry,
+        )
         self._queue_depth_source = queue_depth
         if queue_depth is not None:
             self._queue_depth.set_function(lambda: float(queue_depth()))
@@ -471,6 +483,11 @@ class AgentMetrics:
     def devices_injected(self, count: int, *, actor_id: str | None = None) -> None:
         """Record how many GPU device nodes one actor container received."""
         self._devices.observe(count, exemplar=_exemplar(actor_id))
+
+    def gpus_allocated(self, worker: str, allocated: int, free: int) -> None:
+        """Set the worker's GPUs held by actors and free (no actor ids: bounded labels)."""
+        self._gpus_allocated.labels(worker).set(allocated)
+        self._gpus_free.labels(worker).set(free)
 
     def queue_depth(self, depth: int) -> None:
         """Set the pipeline's queue depth (ignored when a ``queue_depth`` source was given)."""

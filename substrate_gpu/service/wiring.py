@@ -114,6 +114,9 @@ class LifecycleMetricsBridge:
     def queue_depth(self, depth: int) -> None:
         self.metrics.queue_depth(depth)
 
+    def gpus_allocated(self, worker: str, allocated: int, free: int) -> None:
+        self.metrics.gpus_allocated(worker, allocated, free)
+
 
 def agent_metrics(
     registry: CollectorRegistry,

@@ -109,6 +109,14 @@ _CHECK_TEMPLATES: dict[str, str] = {
         "        {v} = float({v})\n"
     ),
     "str | None": "    if {v} is not None and type({v}) is not str: return None\n",
+    # Added with GPU allocation (gpus_allocated.names, actor_registered.gpu_names).
+    "tuple": "    if type({v}) is not list: return None\n    {v} = tuple({v})\n",
+}
+
+
+_VERSIONS: dict[str, int] = {
+    name: next(f.default for f in msgspec.structs.fields(c) if f.name == "v")
+    for name, c in events.REGISTRY.items()
 }
 
 
@@ -125,7 +133,8 @@ def _compile_decoder(cls: type) -> Callable[[dict[str, Any]], object | None]:
     lines.append("    return e\n")
     namespace: dict[str, Any] = {
         "KEYS": frozenset({"type", "v", *names}),
-        "VERSION": 1,
+        # Today's version of the type (actor_registered is v2 since GPU allocation).
+        "VERSION": _VERSIONS[cls.type],  # type: ignore[attr-defined]
         "NEW": object.__new__,
         "SET": object.__setattr__,
         "CLS": cls,

@@ -113,6 +113,7 @@ def _gpu_life(a: str) -> list[events.Event]:
         events.ActorRegistered(actor_id=a, gpu=True, bundle=f"/b/{a}"),
         events.BundlePrepared(actor_id=a, bundle=f"/b/{a}"),
         events.RunRequested(actor_id=a),
+        events.GpusAllocated(actor_id=a, names=()),
         events.GpuInjected(actor_id=a, devices=2),
         events.SandboxCreated(actor_id=a),
         events.SandboxStarted(actor_id=a),
@@ -122,6 +123,7 @@ def _gpu_life(a: str) -> list[events.Event]:
         events.CudaSuspended(actor_id=a, pids="7"),
         events.CheckpointWritten(actor_id=a, image_path=f"/ck/{a}/1"),
         events.RestoreRequested(actor_id=a),
+        events.GpusAllocated(actor_id=a, names=()),
         events.Restored(
             actor_id=a, image_path=f"/ck/{a}/1", devices=2, cuda_route=events.ROUTE_EXEC
         ),

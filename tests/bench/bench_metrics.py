@@ -36,7 +36,11 @@ def _life(a: str, gpu: bool, suspend: bool) -> list[events.Event]:
         events.ActorRegistered(actor_id=a, gpu=gpu, bundle=f"/b/{a}"),
         events.BundlePrepared(actor_id=a, bundle=f"/b/{a}"),
         events.RunRequested(actor_id=a),
-        *([events.GpuInjected(actor_id=a, devices=2)] if gpu else []),
+        *(
+            [events.GpusAllocated(actor_id=a, names=()), events.GpuInjected(actor_id=a, devices=2)]
+            if gpu
+            else []
+        ),
         events.SandboxCreated(actor_id=a),
         events.SandboxStarted(actor_id=a),
         events.CudaContextOpened(actor_id=a, pid=7),

@@ -367,6 +367,7 @@ def _exec_route_checkpoint_failed_lines() -> list[str]:
         events.ActorRegistered(actor_id="a", gpu=True, bundle="/b/a"),
         events.BundlePrepared(actor_id="a", bundle="/b/a"),
         events.RunRequested(actor_id="a"),
+        events.GpusAllocated(actor_id="a", names=()),
         events.GpuInjected(actor_id="a", devices=1),
         events.SandboxCreated(actor_id="a"),
         events.SandboxStarted(actor_id="a"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,7 @@ class BundleGpus:
     """The injector of these scenarios: the bundle is built holding its GPU node, so this
     reports it (injection itself is tested in tests/injection and tests/integration)."""
 
-    async def __call__(self, bundle: Path) -> int:
+    async def __call__(self, bundle: Path, *, devices: Sequence[str] | None = None) -> int:
         config = json.loads((bundle / "config.json").read_text())
         nodes = config.get("linux", {}).get("devices", [])
         return sum(1 for d in nodes if str(d.get("path", "")).startswith("/dev/nvidia"))

@@ -9,6 +9,7 @@ Live contexts are the "world": the probe double reads them, as the fd scanner wo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -217,9 +218,12 @@ class FakeInjector:
     error: Exception | None = None
     hang: bool = False
     calls: list[Path] = field(default_factory=list)
+    granted: list[tuple[str, ...] | None] = field(default_factory=list)
+    """Per call, the devices asked for (``None``: all of the worker's)."""
 
-    async def __call__(self, bundle: Path) -> int:
+    async def __call__(self, bundle: Path, *, devices: Sequence[str] | None = None) -> int:
         self.calls.append(bundle)
+        self.granted.append(None if devices is None else tuple(devices))
         await anyio.lowlevel.checkpoint()
         if self.hang:
             await anyio.sleep_forever()

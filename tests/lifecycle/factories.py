@@ -20,6 +20,7 @@ DEFAULTS: dict[str, object] = {
     "route": events.ROUTE_EXEC,
     "pids": "1,7",
     "code": "driver-unsupported",
+    "names": ("nvidia.com/gpu=0",),
 }
 
 

@@ -341,7 +341,9 @@ async def test_recorder_sees_each_event_before_its_effect_starts(
 
     async with make_agent(recorder=Recorder(), injector=inject) as agent:
         await bring_to_running(agent)
-    assert seen_at_injection == [["actor_registered", "bundle_prepared", "run_requested"]]
+    assert seen_at_injection == [
+        ["actor_registered", "bundle_prepared", "run_requested", "gpus_allocated"]
+    ]
     assert [e.seq for e in recorded] == list(range(1, len(recorded) + 1))
 
 
@@ -365,7 +367,8 @@ async def test_metrics_report_transitions_effects_devices_and_queue(
     """Every hook of the metrics protocol is called during a GPU actor's run."""
     async with make_agent() as agent:
         await bring_to_running(agent)
-    assert ("bundle_prepared", "injecting", "run_requested") in metrics.named("transition")
+    assert ("bundle_prepared", "allocating", "run_requested") in metrics.named("transition")
+    assert ("allocating", "injecting", "gpus_allocated") in metrics.named("transition")
     assert ("inject", "gpu_injected") in metrics.named("effect_finished")
     assert metrics.named("devices_injected") == [(2,)]
     assert metrics.named("queue_depth")

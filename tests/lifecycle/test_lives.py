@@ -21,6 +21,7 @@ def _gpu_running() -> list[events.Event]:
         events.ActorRegistered(actor_id=A, gpu=True, bundle="/b/a"),
         events.BundlePrepared(actor_id=A, bundle="/b/a"),
         events.RunRequested(actor_id=A),
+        events.GpusAllocated(actor_id=A, names=()),
         events.GpuInjected(actor_id=A, devices=1),
         events.SandboxCreated(actor_id=A),
         events.SandboxStarted(actor_id=A),
@@ -41,6 +42,7 @@ def _exec_route_suspend(pids: str = "7") -> list[events.Event]:
 def _restore_exec_image() -> list[events.Event]:
     return [
         events.RestoreRequested(actor_id=A),
+        events.GpusAllocated(actor_id=A, names=()),
         events.Restored(actor_id=A, image_path="/ck/a/1", cuda_route=events.ROUTE_EXEC),
     ]
 
@@ -59,6 +61,7 @@ def test_a_new_sandbox_after_a_failure_starts_with_no_live_context(tmp_path: Pat
         events.SuspendRequested(actor_id=A),
         events.EffectTimedOut(actor_id=A, effect="probe", seconds=60.0),
         events.RetryRequested(actor_id=A),
+        events.GpusAllocated(actor_id=A, names=()),
         events.GpuInjected(actor_id=A, devices=1),
         events.SandboxCreated(actor_id=A),
         events.SandboxStarted(actor_id=A),
@@ -77,6 +80,7 @@ def test_a_new_sandbox_after_a_failed_resume_has_no_checkpointed_pids(tmp_path: 
         events.CudaSuspendFailed(actor_id=A, message="stranded", pids="7"),
         events.CudaResumeFailed(actor_id=A, message="pid 7 gone", sandbox_survived=True),
         events.RetryRequested(actor_id=A),
+        events.GpusAllocated(actor_id=A, names=()),
         events.GpuInjected(actor_id=A, devices=1),
         events.SandboxCreated(actor_id=A),
     ]

@@ -54,6 +54,10 @@ def _setup_for(t: machine.TransitionSpec, source: str) -> tuple[actors.ActorView
             event_fields["image_path"] = None
     if "has_exited" in truth:
         actor_fields["exited"] = truth["has_exited"]
+    if "allocates_gpus" in truth:
+        actor_fields["uses_allocator"] = truth["allocates_gpus"]
+    if "allocated_for_restore" in truth:
+        actor_fields["gpu_next"] = "restore" if truth["allocated_for_restore"] else "run"
     if "sandbox_survived" in truth:
         event_fields["sandbox_survived"] = truth["sandbox_survived"]
     if "refuses_gpu_suspend" in truth:

@@ -230,7 +230,8 @@ SCENARIOS: dict[str, tuple[Callable[[World], Awaitable[None]], list[list[str]]]]
     "happy_gpu_actor": (
         happy_gpu_actor,
         [
-            ["gpu-1", "bundle_prepared", "injecting", "run_requested"],
+            ["gpu-1", "bundle_prepared", "allocating", "run_requested"],
+            ["gpu-1", "allocating", "injecting", "gpus_allocated"],
             ["gpu-1", "injecting", "creating", "gpu_injected"],
             ["gpu-1", "starting", "running", "sandbox_started"],
             ["gpu-1", "running", "probing", "suspend_requested"],
@@ -259,14 +260,16 @@ SCENARIOS: dict[str, tuple[Callable[[World], Awaitable[None]], list[list[str]]]]
             ["gpu-1", "checkpointing", "suspended", "checkpoint_written"],
             ["gpu-1", "restoring", "running", "restored"],
             ["gpu-1", "checkpointing", "stopped", "checkpoint_failed"],
-            ["gpu-1", "stopped", "restoring", "restore_requested"],
+            ["gpu-1", "stopped", "allocating", "restore_requested"],
+            ["gpu-1", "allocating", "restoring", "gpus_allocated"],
             ["gpu-1", "restoring", "running", "restored"],
         ],
     ),
     "restore_on_another_worker": (
         restore_on_another_worker,
         [
-            ["gpu-1", "bundle_prepared", "restoring", "restore_requested"],
+            ["gpu-1", "bundle_prepared", "allocating", "restore_requested"],
+            ["gpu-1", "allocating", "restoring", "gpus_allocated"],
             ["gpu-1", "restoring", "running", "restored"],
         ],
     ),

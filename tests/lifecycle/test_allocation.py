@@ -1,0 +1,320 @@
+"""The per-worker GPU allocator: its pure core, and the machine's allocating/awaiting_gpus."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from lifecycle.doubles import FakeInjector
+from substrate_gpu.eventlog import EventLog, replay
+from substrate_gpu.lifecycle import Agent, actors, events, machine
+from substrate_gpu.lifecycle.allocation import (
+    GpuAllocator,
+    GpuRequest,
+    Granted,
+    Refused,
+    Wait,
+    WorkerGpus,
+    decide,
+    held_by,
+)
+from substrate_gpu.lifecycle.errors import AllocationError, EventSchemaError
+from substrate_gpu.observability.metrics import AgentMetrics
+from substrate_gpu.service.wiring import LifecycleMetricsBridge
+
+MakeAgent = Callable[..., Agent]
+SPEC = machine.load_spec()
+FOUR = WorkerGpus.named([f"nvidia.com/gpu={i}" for i in range(4)])
+
+
+def _worker() -> WorkerGpus:
+    return WorkerGpus(
+        names=tuple(f"nvidia.com/gpu={i}" for i in range(4)),
+        aliases={
+            **{f"nvidia.com/gpu={i}": f"nvidia.com/gpu={i}" for i in range(4)},
+            "nvidia.com/gpu=GPU-bbbb": "nvidia.com/gpu=1",
+        },
+    )
+
+
+# --- the pure core ------------------------------------------------------------------------
+
+
+def test_a_count_gets_the_lowest_free_indices() -> None:
+    taken = {"nvidia.com/gpu=0", "nvidia.com/gpu=2"}
+    assert decide(GpuRequest(count=2), FOUR, taken) == Granted(
+        ("nvidia.com/gpu=1", "nvidia.com/gpu=3")
+    )
+
+
+def test_names_get_exactly_those_gpus_by_any_of_their_names() -> None:
+    got = decide(
+        GpuRequest(names=("nvidia.com/gpu=GPU-bbbb", "nvidia.com/gpu=0")), _worker(), set()
+    )
+    assert got == Granted(("nvidia.com/gpu=0", "nvidia.com/gpu=1"))
+
+
+def test_gpu_true_alone_asks_for_every_gpu_of_the_worker() -> None:
+    assert decide(GpuRequest(), FOUR, set()) == Granted(FOUR.names)
+    assert isinstance(decide(GpuRequest(), FOUR, {"nvidia.com/gpu=3"}), Wait)
+
+
+def test_a_held_gpu_makes_the_request_wait_with_the_reason() -> None:
+    got = decide(GpuRequest(count=3), FOUR, {"nvidia.com/gpu=0", "nvidia.com/gpu=1"})
+    assert got == Wait("3 GPU(s) requested, 2 of 4 free")
+    named = decide(GpuRequest(names=("nvidia.com/gpu=1",)), FOUR, {"nvidia.com/gpu=1"})
+    assert named == Wait("GPU(s) nvidia.com/gpu=1 held by other actors")
+
+
+@pytest.mark.parametrize(
+    ("request_", "reason"),
+    [
+        (GpuRequest(count=5), "5 GPU(s) requested, this worker has 4"),
+        (
+            GpuRequest(names=("nvidia.com/gpu=7",)),
+            "this worker has no GPU named 'nvidia.com/gpu=7'",
+        ),
+        (
+            GpuRequest(names=("nvidia.com/gpu=1", "nvidia.com/gpu=GPU-bbbb")),
+            "'nvidia.com/gpu=GPU-bbbb' names GPU 'nvidia.com/gpu=1' a second time",
+        ),
+    ],
+)
+def test_a_request_the_worker_can_never_meet_is_refused(request_: GpuRequest, reason: str) -> None:
+    assert decide(request_, _worker(), set()) == Refused(reason)
+
+
+def test_a_worker_without_gpus_refuses_every_request() -> None:
+    assert decide(GpuRequest(), WorkerGpus.named([]), set()) == Refused("this worker has no GPU")
+
+
+requests = st.one_of(
+    st.builds(GpuRequest, count=st.integers(1, 5)),
+    st.builds(
+        GpuRequest,
+        names=st.lists(st.sampled_from(FOUR.names), min_size=1, max_size=3, unique=True).map(tuple),
+    ),
+    st.just(GpuRequest()),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(requests, st.booleans()), max_size=30))
+def test_grants_are_disjoint_whatever_the_order_of_requests_and_releases(
+    ops: list[tuple[GpuRequest, bool]],
+) -> None:
+    allocator = GpuAllocator(FOUR)
+    for i, (request, release_oldest) in enumerate(ops):
+        decision = allocator.decide(request)
+        if isinstance(decision, Granted):
+            allocator.hold(f"a{i}", decision.devices)
+        if release_oldest and allocator.table:
+            allocator.hold(next(iter(allocator.table)), ())
+        held = [d for devices in allocator.table.values() for d in devices]
+        assert len(held) == len(set(held)) == allocator.allocated
+        assert allocator.allocated + allocator.free == 4
+
+
+@settings(max_examples=100, deadline=None)
+@given(requests, st.sets(st.sampled_from(FOUR.names)))
+def test_the_decision_is_deterministic(request: GpuRequest, taken: set[str]) -> None:
+    assert decide(request, FOUR, taken) == decide(request, FOUR, frozenset(taken))
+    again = {*sorted(taken, reverse=True)}
+    assert decide(request, FOUR, taken) == decide(request, FOUR, again)
+
+
+def test_the_table_refuses_to_give_a_held_gpu_to_another_actor() -> None:
+    allocator = GpuAllocator(FOUR)
+    allocator.hold("a", ("nvidia.com/gpu=0",))
+    with pytest.raises(AllocationError, match="another actor holds it"):
+        allocator.hold("b", ("nvidia.com/gpu=0",))
+    assert allocator.table == {"a": ("nvidia.com/gpu=0",)}
+
+
+def test_only_states_marked_holds_gpus_keep_the_allocation() -> None:
+    view = actors.ActorView(
+        actor_id="a", state="suspended", gpu=True, bundle="/b", checkpoint=None,
+        live_contexts=0, sandbox=False, reason=None, gpu_devices="nvidia.com/gpu=2",
+    )  # fmt: skip
+    assert held_by(view, SPEC.gpu_holding_states) == ()
+    running = dataclasses.replace(view, state="running")
+    assert held_by(running, SPEC.gpu_holding_states) == ("nvidia.com/gpu=2",)
+    assert "awaiting_gpus" not in SPEC.gpu_holding_states
+
+
+# --- the event ----------------------------------------------------------------------------
+
+
+def test_actor_registered_refuses_both_a_count_and_names() -> None:
+    with pytest.raises(EventSchemaError, match="give gpus .* or gpu_names"):
+        events.ActorRegistered(
+            actor_id="a", gpu=True, bundle="/b", gpus=1, gpu_names=("nvidia.com/gpu=0",)
+        )
+
+
+def test_actor_registered_refuses_an_unqualified_gpu_name() -> None:
+    with pytest.raises(EventSchemaError, match="fully qualified CDI names"):
+        events.ActorRegistered(actor_id="a", gpu=True, bundle="/b", gpu_names=("0",))
+
+
+def test_a_v1_registration_reads_as_all_gpus_without_the_allocator() -> None:
+    line = b'{"type":"actor_registered","v":1,"actor_id":"a","gpu":true,"bundle":"/b"}'
+    old = events.from_json(line)
+    assert isinstance(old, events.ActorRegistered)
+    assert (old.v, old.allocates_gpus, old.gpus, old.gpu_names) == (1, False, 0, ())
+    assert events.ActorRegistered(actor_id="a", gpu=True, bundle="/b").allocates_gpus
+
+
+# --- the machine, through the agent (async tests below) ------------------------------------
+
+anyio_mark = pytest.mark.anyio
+
+
+def _reason(agent: Agent, actor_id: str) -> str | None:
+    view = agent.actor(actor_id)
+    assert view is not None
+    return view.reason
+
+
+async def _register(agent: Agent, actor_id: str, **request: object) -> None:
+    await agent.submit(
+        events.ActorRegistered(actor_id=actor_id, gpu=True, bundle=f"/b/{actor_id}", **request)  # type: ignore[arg-type]
+    )
+    await agent.submit(events.BundlePrepared(actor_id=actor_id, bundle=f"/b/{actor_id}"))
+
+
+@anyio_mark
+async def test_gpus_are_allocated_before_injection_and_injected_by_name(
+    make_agent: MakeAgent, injector: FakeInjector
+) -> None:
+    allocator = GpuAllocator(FOUR, name="w1")
+    async with make_agent(allocator=allocator) as agent:
+        await _register(agent, "a", gpus=2)
+        await agent.submit(events.RunRequested(actor_id="a"))
+        await agent.wait_for_state("a", "running", timeout=5)
+    assert allocator.table == {"a": ("nvidia.com/gpu=0", "nvidia.com/gpu=1")}
+    assert injector.granted == [("nvidia.com/gpu=0", "nvidia.com/gpu=1")]
+
+
+@anyio_mark
+async def test_concurrent_runs_get_disjoint_gpus(make_agent: MakeAgent) -> None:
+    allocator = GpuAllocator(FOUR)
+    async with make_agent(allocator=allocator) as agent:
+        for name in "abcd":
+            await _register(agent, name, gpus=1)
+        for name in "abcd":
+            await agent.submit(events.RunRequested(actor_id=name))
+        for name in "abcd":
+            await agent.wait_for_state(name, "running", timeout=5)
+    held = sorted(d for devices in allocator.table.values() for d in devices)
+    assert held == list(FOUR.names)
+
+
+@anyio_mark
+async def test_an_actor_waits_for_held_gpus_and_runs_once_they_are_freed(
+    make_agent: MakeAgent,
+) -> None:
+    allocator = GpuAllocator(FOUR)
+    async with make_agent(allocator=allocator) as agent:
+        await _register(agent, "big", gpus=3)
+        await _register(agent, "late", gpus=2)
+        await agent.submit(events.RunRequested(actor_id="big"))
+        await agent.wait_for_state("big", "running", timeout=5)
+        await agent.submit(events.RunRequested(actor_id="late"))
+        await agent.wait_for_state("late", "awaiting_gpus", timeout=5)
+        assert _reason(agent, "late") == "2 GPU(s) requested, 1 of 4 free"
+        await agent.submit(events.SandboxExited(actor_id="big", status=0))
+        await agent.wait_for_state("late", "running", timeout=5)
+    assert allocator.table == {"late": ("nvidia.com/gpu=0", "nvidia.com/gpu=1")}
+
+
+@anyio_mark
+async def test_a_request_the_worker_cannot_meet_fails_with_the_reason(
+    make_agent: MakeAgent,
+) -> None:
+    async with make_agent(allocator=GpuAllocator(FOUR, name="w1")) as agent:
+        await _register(agent, "a", gpus=8)
+        await agent.submit(events.RunRequested(actor_id="a"))
+        await agent.wait_for_state("a", "failed", timeout=5)
+        assert _reason(agent, "a") == (
+            "while allocating GPUs on worker 'w1': 8 GPU(s) requested, this worker has 4"
+        )
+
+
+@anyio_mark
+async def test_suspend_frees_the_gpus_and_restore_allocates_again(
+    make_agent: MakeAgent, injector: FakeInjector
+) -> None:
+    allocator = GpuAllocator(FOUR)
+    async with make_agent(allocator=allocator) as agent:
+        await _register(agent, "a", gpus=1)
+        await _register(agent, "b", gpus=1)
+        await agent.submit(events.RunRequested(actor_id="a"))
+        await agent.wait_for_state("a", "running", timeout=5)
+        await agent.submit(events.SuspendRequested(actor_id="a"))
+        await agent.wait_for_state("a", "suspended", timeout=5)
+        assert allocator.table == {}
+        await agent.submit(events.RunRequested(actor_id="b"))
+        await agent.wait_for_state("b", "running", timeout=5)
+        await agent.submit(events.RestoreRequested(actor_id="a"))
+        await agent.wait_for_state("a", "running", timeout=5)
+    # Another GPU of the same count: GPU 0 is b's now.
+    assert allocator.table == {"b": ("nvidia.com/gpu=0",), "a": ("nvidia.com/gpu=1",)}
+    assert injector.granted[-1] == ("nvidia.com/gpu=1",)
+
+
+@anyio_mark
+async def test_replaying_the_log_rebuilds_the_same_allocation_table(
+    make_agent: MakeAgent, tmp_path: Path
+) -> None:
+    allocator = GpuAllocator(FOUR)
+    path = tmp_path / "events.jsonl"
+    async with await EventLog.open(path) as log:
+        async with make_agent(allocator=allocator, recorder=log) as agent:
+            for name, count in (("a", 2), ("b", 1), ("c", 2)):
+                await _register(agent, name, gpus=count)
+                await agent.submit(events.RunRequested(actor_id=name))
+            await agent.wait_for_state("c", "awaiting_gpus", timeout=5)
+            await agent.submit(events.SuspendRequested(actor_id="a"))
+            await agent.wait_for_state("c", "running", timeout=5)
+            await agent.settle()
+    rebuilt = GpuAllocator(FOUR)
+    views = replay(path).actors.values()
+    rebuilt.rebuild((v.actor_id, held_by(v, SPEC.gpu_holding_states)) for v in views)
+    assert rebuilt.table == allocator.table
+    assert rebuilt.table == {
+        "b": ("nvidia.com/gpu=2",),
+        "c": ("nvidia.com/gpu=0", "nvidia.com/gpu=1"),
+    }
+
+
+@anyio_mark
+async def test_without_an_allocator_a_gpu_actor_gets_every_gpu_as_before(
+    make_agent: MakeAgent, injector: FakeInjector
+) -> None:
+    async with make_agent() as agent:
+        await _register(agent, "a")
+        await agent.submit(events.RunRequested(actor_id="a"))
+        await agent.wait_for_state("a", "running", timeout=5)
+    assert injector.granted == [None]
+
+
+@anyio_mark
+async def test_the_gauges_show_the_workers_gpus_allocated_and_free(make_agent: MakeAgent) -> None:
+    registry = CollectorRegistry()
+    metrics = LifecycleMetricsBridge(AgentMetrics(registry=registry))
+    async with make_agent(allocator=GpuAllocator(FOUR, name="w1"), metrics=metrics) as agent:
+        await _register(agent, "a", gpus=3)
+        await agent.submit(events.RunRequested(actor_id="a"))
+        await agent.wait_for_state("a", "running", timeout=5)
+        assert registry.get_sample_value("substrate_gpu_gpus_allocated", {"worker": "w1"}) == 3
+        assert registry.get_sample_value("substrate_gpu_gpus_free", {"worker": "w1"}) == 1
+        await agent.submit(events.SandboxExited(actor_id="a", status=0))
+        await agent.wait_for_state("a", "stopped", timeout=5)
+        assert registry.get_sample_value("substrate_gpu_gpus_free", {"worker": "w1"}) == 4
