@@ -31,6 +31,7 @@ GPU work is refused.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -387,8 +388,13 @@ def host_facts(
     return HostGpuFacts(driver_version=decided, gpu_count=len(devices.detect_gpus(dev_root)))
 
 
+@functools.cache
 def read_cpu_flags(path: Path = PROC_CPUINFO) -> tuple[str, ...]:
-    """This host's CPU feature flags (:class:`PreflightError` when cpuinfo is unreadable)."""
+    """This host's CPU feature flags (:class:`PreflightError` when cpuinfo is unreadable).
+
+    Read once per process: a host's CPU features do not change while the agent runs, and
+    every checkpoint (manifest) and restore (check) needs them. A failure is not cached.
+    """
     try:
         return parse_cpu_flags(path.read_text(encoding="utf-8", errors="replace"))
     except OSError as e:
