@@ -54,13 +54,24 @@ class FakeGpuProcess:
         )
         self.proc = subprocess.Popen(["/bin/sh", "-c", script])
         self.pid = self.proc.pid
-        for _ in range(200):
-            if any(
-                os.readlink(f"/proc/{self.pid}/fd/{fd}").endswith("fake-nvidia0")
-                for fd in os.listdir(f"/proc/{self.pid}/fd")
-            ):
-                break
-            subprocess.run(["sleep", "0.01"], check=True)
+        try:
+            for _ in range(200):
+                if self._holds_node():
+                    break
+                subprocess.run(["sleep", "0.01"], check=True)
+        except BaseException:
+            self.stop()  # never leak the shell (an unwaited Popen fails the next test)
+            raise
+
+    def _holds_node(self) -> bool:
+        for fd in os.listdir(f"/proc/{self.pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{self.pid}/fd/{fd}")
+            except FileNotFoundError:  # the shell closed it between listdir and readlink
+                continue
+            if target.endswith("fake-nvidia0"):
+                return True
+        return False
 
     def stop(self) -> None:
         self.proc.kill()
