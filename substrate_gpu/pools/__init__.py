@@ -7,6 +7,7 @@ Module map:
 - :mod:`.validation` and :mod:`.problems`: every problem in one pass, with field paths;
 - :mod:`.rules`: the CRD's CEL rules, the API server's copy of the validator;
 - :mod:`.shaping`: the worker Deployment and its GPU shape;
+- :mod:`.worker_agent`: how the agent runs in a GPU worker (command, state, probes);
 - :mod:`.crd` and :mod:`.manifests`: CRD generation, YAML in and out, ``deploy/``.
 """
 
@@ -19,7 +20,6 @@ from substrate_gpu.pools.manifests import (
     dump_documents,
     parse_documents,
     read_documents,
-    render_node_agent_daemonset,
 )
 from substrate_gpu.pools.model import (
     API_VERSION,
@@ -61,7 +61,6 @@ __all__ = [
     "parse_documents",
     "read_documents",
     "render_crd",
-    "render_node_agent_daemonset",
     "render_worker_deployment",
     "validate_document",
 ]

@@ -1,8 +1,13 @@
 """Read pool files and write manifests: YAML in (multi-document, errors with lines), YAML out.
 
-Also owns the manifests checked in under ``deploy/``: the CRD, the node agent's
-DaemonSet and the example pools' worker Deployments, all generated here
-(:func:`deploy_files`) so a test can prove the checked-in copies are not stale.
+Also owns the manifests checked in under ``deploy/``: the CRD, the controller and the
+example pools' worker Deployments, all generated here (:func:`deploy_files`) so a test can
+prove the checked-in copies are not stale.
+
+There is no node-agent DaemonSet: the agent runs in each GPU worker's ``ateom`` container
+(:mod:`.worker_agent`), where the device plugin puts the pool's GPUs. The node-level role
+(upstream's atelet: driving workers, restoring actors on GPU nodes) is upstream's own
+DaemonSet, not ours; ``docs/api-guide.md`` says what it needs on GPU nodes.
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ from substrate_gpu.pools import crd, model, shaping, validation
 __all__ = [
     "AGENT_NAMESPACE",
     "EXAMPLE_SETTINGS",
-    "GPU_TAINT_KEY",
     "PoolDocument",
     "PoolFileError",
     "PoolYamlError",
@@ -28,14 +32,10 @@ __all__ = [
     "dump_documents",
     "parse_documents",
     "read_documents",
-    "render_node_agent_daemonset",
 ]
 
 AGENT_NAMESPACE = "substrate-system"
-GPU_TAINT_KEY = "nvidia.com/gpu"
-"""The taint GPU node pools carry (GKE, the GPU Operator): the agent must tolerate it."""
-AGENT_IMAGE = "substrate-gpu-node-agent:0.1.0"
-"""Placeholder image of the node agent; replace it with your build (see docs)."""
+"""The controller's namespace (created by ``deploy/controller.yaml``)."""
 
 CONTROLLER_NAME = "substrate-gpu-controller"
 CONTROLLER_IMAGE = "substrate-gpu:0.1.0"
@@ -123,62 +123,6 @@ def dump_documents(documents: Iterable[Mapping[str, object]]) -> str:
     )
 
 
-def render_node_agent_daemonset(settings: shaping.ControllerSettings) -> dict[str, object]:
-    """The node agent's DaemonSet: one agent per node, GPU nodes included.
-
-    GPU nodes are usually tainted ``nvidia.com/gpu:NoSchedule``; without the toleration
-    the agent never lands there and GPU actors have nobody to run them. The agent (not
-    the workers) runs runsc and writes bundles on the host, so it is privileged; worker
-    pods never are.
-    """
-    labels = {"app.kubernetes.io/name": "substrate-node-agent"}
-    env = [{"name": shaping.TOOLKIT_HOST_PATH_ENV, "value": settings.toolkit_host_path}]
-    if settings.driver_root is not None:
-        env.append({"name": shaping.DRIVER_ROOT_ENV, "value": settings.driver_root})
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {
-            "name": "substrate-node-agent",
-            "namespace": AGENT_NAMESPACE,
-            "labels": labels,
-        },
-        "spec": {
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "tolerations": [
-                        {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
-                    ],
-                    "containers": [
-                        {
-                            "name": "agent",
-                            "image": AGENT_IMAGE,
-                            "env": env,
-                            "ports": [{"name": "metrics", "containerPort": 9400}],
-                            "securityContext": {"privileged": True},
-                            "volumeMounts": [
-                                {
-                                    "name": shaping.TOOLKIT_VOLUME,
-                                    "mountPath": shaping.TOOLKIT_CONTAINER_PATH,
-                                    "readOnly": True,
-                                }
-                            ],
-                        }
-                    ],
-                    "volumes": [
-                        {
-                            "name": shaping.TOOLKIT_VOLUME,
-                            "hostPath": {"path": settings.toolkit_host_path, "type": "Directory"},
-                        }
-                    ],
-                },
-            },
-        },
-    }
-
-
 def _controller_rules() -> list[dict[str, object]]:
     """Least privilege: what ``substrate-gpu controller`` calls, and nothing else."""
     return [
@@ -220,7 +164,7 @@ def _controller_rules() -> list[dict[str, object]]:
 
 
 def controller_manifests(settings: shaping.ControllerSettings) -> list[dict[str, object]]:
-    """The controller: ServiceAccount, ClusterRole and binding, and its Deployment.
+    """The controller: its Namespace, ServiceAccount, ClusterRole and binding, and Deployment.
 
     One replica, replaced with ``Recreate``: kopf runs standalone (no peering), so two
     controllers must never overlap. The pod runs unprivileged, as non-root, read-only.
@@ -234,6 +178,7 @@ def controller_manifests(settings: shaping.ControllerSettings) -> list[dict[str,
     health = f"http://0.0.0.0:{CONTROLLER_HEALTH_PORT}/healthz"
     account = {"kind": "ServiceAccount", "name": CONTROLLER_NAME, "namespace": AGENT_NAMESPACE}
     return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENT_NAMESPACE}},
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
@@ -309,20 +254,14 @@ def controller_manifests(settings: shaping.ControllerSettings) -> list[dict[str,
 def deploy_files(examples: Iterable[Path]) -> dict[str, str]:
     """The ``deploy/`` tree, file name to content, all generated.
 
-    ``crd.yaml``, ``controller.yaml`` and ``node-agent.yaml`` install the system;
-    ``examples/X.yaml`` are the example pools (apply them once the CRD is in);
-    ``rendered/X.yaml`` are the worker Deployments ``substrate-gpu pool render`` prints
-    for them, for review.
+    ``crd.yaml`` and ``controller.yaml`` install the system; ``examples/X.yaml`` are the
+    example pools (apply them once the CRD is in); ``rendered/X.yaml`` are the worker
+    Deployments ``substrate-gpu pool render`` prints for them (a GPU pool's runs the
+    agent), for review.
     """
     files = {
         "crd.yaml": dump_documents([crd.render_crd()]),
         "controller.yaml": dump_documents(controller_manifests(EXAMPLE_SETTINGS)),
-        "node-agent.yaml": dump_documents(
-            [
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENT_NAMESPACE}},
-                render_node_agent_daemonset(EXAMPLE_SETTINGS),
-            ]
-        ),
     }
     for path in sorted(examples):
         pools: list[Mapping[str, object]] = []

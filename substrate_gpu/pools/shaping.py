@@ -11,7 +11,10 @@ mapping, never ``os.environ`` read from in here) in, a Kubernetes object (plain 
   ``/usr/local/nvidia/toolkit``) as a read-only hostPath at ``/opt/nvidia-toolkit``.
   It must sit outside ``/usr/local/nvidia``, which the device plugin mounts read-only
   into the container: a mount nested in it would fail;
-- ``ATE_NVIDIA_DRIVER_ROOT`` forwarded to the worker when the controller has it set.
+- ``ATE_NVIDIA_DRIVER_ROOT`` forwarded to the worker when the controller has it set;
+- the agent as that container's process, with its state on the node, its socket, metrics
+  port, probes, a grace period above its drain timeout, and the GPU nodes' taint
+  tolerated (:mod:`.worker_agent`).
 
 Posture, on purpose: **no** privileged mode, **no** user namespace (``hostUsers: false``)
 and **no** ``procMount`` change. A user namespace would break per-actor cgroup delegation;
@@ -28,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from substrate_gpu.exceptions import ConfigError
-from substrate_gpu.pools import model
+from substrate_gpu.pools import model, worker_agent
 
 __all__ = [
     "DEFAULT_TOOLKIT_HOST_PATH",
@@ -175,6 +178,7 @@ def maybe_shape_for_gpu(
         env = container.setdefault("env", [])
         assert isinstance(env, list)
         env.append({"name": DRIVER_ROOT_ENV, "value": settings.driver_root})
+    worker_agent.run_agent_in(container, pod_spec)
     return shaped
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pools.pool_cases import IMAGE, flat, pool
 
 from substrate_gpu.controller import reconcile
-from substrate_gpu.pools import ControllerSettings, load_pool, render_worker_deployment
+from substrate_gpu.pools import ControllerSettings, load_pool, manifests, render_worker_deployment
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "deploy" / "examples").glob("*.yaml"))
 
 SETTINGS = ControllerSettings(driver_root="/usr/local/nvidia", default_image="ateom:1")
 NOW = "2026-11-30T12:00:00Z"
@@ -40,6 +43,16 @@ def test_a_valid_pool_plans_its_rendered_deployment_with_an_owner_reference() ->
         }
     ]
     assert outcome.replicas == 2
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_the_controller_shapes_each_example_pools_workers_as_pool_render_does(path: Path) -> None:
+    """Same pod (the agent in the GPU container, state, probes, grace) from both paths."""
+    for document in manifests.read_documents(path):
+        outcome = reconcile.plan(stored(document.content), SETTINGS)
+        assert isinstance(outcome, reconcile.Apply)
+        rendered = render_worker_deployment(load_pool(stored(document.content)), SETTINGS)
+        assert outcome.deployment["spec"] == rendered["spec"]
 
 
 def test_the_deployment_name_is_fixed_per_pool() -> None:

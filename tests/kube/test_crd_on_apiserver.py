@@ -2,8 +2,8 @@
 
 The API server is the judge here: its structural-schema check, its CEL compiler and cost
 estimator, its admission of every example pool, its CEL verdicts on the shared table of
-invalid pools (``tests/pools/pool_cases.py``), and its server-side dry-run of the node
-agent's DaemonSet and every rendered worker Deployment.
+invalid pools (``tests/pools/pool_cases.py``), and its server-side dry-run of every
+rendered worker Deployment.
 """
 
 from __future__ import annotations
@@ -108,14 +108,6 @@ def test_the_api_server_rejects_each_ill_typed_pool_by_schema(
     )
     assert response.status == 422, response.body
     assert _cel_messages(response.causes) == set()
-
-
-def test_node_agent_manifest_passes_server_side_dry_run(admin: KubeClient) -> None:
-    """deploy/node-agent.yaml: the namespace applies, the DaemonSet passes admission."""
-    namespace_doc, daemonset = _docs(REPO / "deploy" / "node-agent.yaml")
-    assert admin.apply(namespace_doc).status in (200, 201)
-    response = admin.apply(daemonset, dry_run=True)
-    assert response.status in (200, 201), response.body
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,6 @@ from substrate_gpu.pools import (
     manifests,
     parse_documents,
     render_crd,
-    render_node_agent_daemonset,
     render_worker_deployment,
     rules,
 )
@@ -75,13 +74,12 @@ def test_example_deployments_are_valid_kubernetes(path: Path) -> None:
         k8s_validate(render_worker_deployment(load_pool(doc.content), settings))
 
 
-def test_node_agent_daemonset_is_valid_and_tolerates_gpu_nodes() -> None:
-    """The node agent DaemonSet passes the schema and tolerates the nvidia.com/gpu taint."""
-    ds = render_node_agent_daemonset(ControllerSettings())
-    k8s_validate(ds)
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in ds["spec"][
-        "template"
-    ]["spec"]["tolerations"]  # type: ignore[index]
+def test_deploy_ships_no_privileged_node_agent() -> None:
+    """No DaemonSet and nothing privileged: the agent runs in each GPU worker's container."""
+    for path in sorted(DEPLOY.rglob("*.yaml")):
+        text = path.read_text(encoding="utf-8")
+        assert "privileged" not in text, path
+        assert all(d["kind"] != "DaemonSet" for d in yaml.safe_load_all(text)), path
 
 
 def test_checked_in_deploy_files_are_not_stale() -> None:

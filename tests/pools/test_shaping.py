@@ -42,26 +42,36 @@ def test_gpu_count_on_runtime_container_with_request_equal_to_limit() -> None:
     assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == "2"
 
 
+def toolkit_volume(deployment: dict[str, Any]) -> dict[str, Any]:
+    [volume] = [v for v in pod_spec(deployment)["volumes"] if v["name"] == "nvidia-toolkit"]
+    return volume
+
+
+def toolkit_mount(deployment: dict[str, Any]) -> dict[str, Any]:
+    [mount] = [m for m in worker(deployment)["volumeMounts"] if m["name"] == "nvidia-toolkit"]
+    return mount
+
+
 def test_toolkit_is_mounted_read_only_from_the_default_host_path() -> None:
     """The host toolkit is a read-only hostPath at /opt/nvidia-toolkit."""
     d = render_worker_deployment(GPU_POOL, SETTINGS)
-    assert pod_spec(d)["volumes"] == [
-        {
-            "name": "nvidia-toolkit",
-            "hostPath": {"path": "/usr/local/nvidia/toolkit", "type": "Directory"},
-        }
-    ]
-    assert worker(d)["volumeMounts"] == [
-        {"name": "nvidia-toolkit", "mountPath": "/opt/nvidia-toolkit", "readOnly": True}
-    ]
+    assert toolkit_volume(d) == {
+        "name": "nvidia-toolkit",
+        "hostPath": {"path": "/usr/local/nvidia/toolkit", "type": "Directory"},
+    }
+    assert toolkit_mount(d) == {
+        "name": "nvidia-toolkit",
+        "mountPath": "/opt/nvidia-toolkit",
+        "readOnly": True,
+    }
 
 
 def test_toolkit_host_path_comes_from_the_controller_env() -> None:
     """ATE_NVIDIA_TOOLKIT_HOST_PATH moves the hostPath, not the mount point."""
     settings = ControllerSettings.from_env({"ATE_NVIDIA_TOOLKIT_HOST_PATH": "/opt/tk"})
     d = render_worker_deployment(GPU_POOL, settings)
-    assert pod_spec(d)["volumes"][0]["hostPath"]["path"] == "/opt/tk"
-    assert worker(d)["volumeMounts"][0]["mountPath"] == "/opt/nvidia-toolkit"
+    assert toolkit_volume(d)["hostPath"]["path"] == "/opt/tk"
+    assert toolkit_mount(d)["mountPath"] == "/opt/nvidia-toolkit"
 
 
 @pytest.mark.parametrize(
@@ -81,7 +91,8 @@ def test_toolkit_host_path_comes_from_the_controller_env() -> None:
 def test_driver_root_is_forwarded_only_when_set(env: dict[str, str], expected: object) -> None:
     """ATE_NVIDIA_DRIVER_ROOT reaches GPU workers exactly when the controller sets it."""
     d = render_worker_deployment(GPU_POOL, ControllerSettings.from_env(env))
-    assert worker(d).get("env") == expected
+    forwarded = [e for e in worker(d)["env"] if e["name"] == "ATE_NVIDIA_DRIVER_ROOT"]
+    assert (forwarded or None) == expected
 
 
 def test_scheduling_and_metadata_are_carried() -> None:
@@ -163,8 +174,14 @@ def test_gpu_shaping_only_adds() -> None:
     worker(shaped)["resources"]["requests"].pop("nvidia.com/gpu")
     worker(shaped)["resources"]["limits"].pop("nvidia.com/gpu")
     assert not worker(shaped)["resources"]["limits"]
-    del worker(shaped)["resources"]["limits"], worker(shaped)["volumeMounts"]
-    del pod_spec(shaped)["volumes"]
+    del worker(shaped)["resources"]["limits"]
+    # The agent as the container's process (tests/pools/test_worker_agent.py).
+    for key in ("volumeMounts", "env", "command", "args", "ports"):
+        del worker(shaped)[key]
+    for key in ("startupProbe", "livenessProbe", "readinessProbe"):
+        del worker(shaped)[key]
+    for key in ("volumes", "tolerations", "terminationGracePeriodSeconds"):
+        del pod_spec(shaped)[key]
     assert shaped == plain
 
 

@@ -243,8 +243,8 @@ class KubeApiServer:
                 f"--service-account-key-file={key}",
                 f"--service-account-signing-key-file={key}",
                 "--service-cluster-ip-range=10.96.0.0/24",
-                # The node agent's DaemonSet runs privileged (worker pods never do).
-                "--allow-privileged=true",
+                # Privileged containers are refused: nothing we ship may need one.
+                "--allow-privileged=false",
                 "--enable-priority-and-fairness=false",
                 "--profiling=false",
                 "--v=1",

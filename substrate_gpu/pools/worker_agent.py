@@ -1,0 +1,184 @@
+"""How the agent runs in a GPU worker pod: its command, state, socket, probes and grace.
+
+The device plugin hands a pool's GPUs to one container of the worker pod, ``ateom``, and
+the toolkit is mounted there: that is where the CDI spec must be generated, the GPUs
+injected and runsc run, so that is where ``substrate-gpu agent`` runs — as the container's
+own process, not beside another one:
+
+- it sees exactly the pool's allocation (``/dev/nvidiaN`` of the GPUs the device plugin
+  gave this pod), never the node's other GPUs;
+- the kubelet's SIGTERM, probes and restarts act on the agent itself: a hung agent is
+  restarted by its liveness probe, and SIGTERM starts its drain directly (a supervisor
+  between them would have to forward both);
+- the command is explicit (``substrate-gpu agent …``), so neither the image's
+  entrypoint nor its default command (the demo, in an old image) decides what runs.
+
+State that must outlive the container lives on the node (hostPath), so a restarted
+container resumes from its event log and restores suspended actors from their checkpoints:
+
+- ``/var/lib/substrate-gpu/workers/<namespace>/<pool>/<pod>`` on the host, mounted at
+  ``/var/lib/substrate-gpu``: the event log and the checkpoint root. Keyed by pod name
+  through the downward API and ``subPathExpr``: two workers never share a log (the agent
+  locks it), and a pod's directory stays on the node after the pod is gone, for the actor
+  tooling to restore from and then remove;
+- ``/run/substrate-gpu/workers/<pod uid>`` on the host, mounted at ``/run/substrate-gpu``:
+  the agent's Unix socket, reachable by the node's lifecycle driver (a process on the host
+  or a container mounting the same path). Keyed by the pod's uid, not its name, because
+  a Unix socket path is limited to 107 bytes: ``/run/substrate-gpu/workers/<36>/agent.sock``
+  is 74.
+
+Metrics, ``/healthz`` and ``/readyz`` are served on the agent's port (9477), on every
+address (the kubelet probes the pod's IP). The grace period exceeds the agent's drain
+timeout, which the command passes explicitly, so the two cannot drift apart.
+
+Posture: nothing here adds privileges, capabilities or a user namespace. The hostPath
+volumes are plain directories, like the toolkit's; a GPU worker keeps the posture of any
+other gVisor worker.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+from substrate_gpu.injection import toolkit
+from substrate_gpu.observability import http
+from substrate_gpu.pools import model
+from substrate_gpu.service import config
+
+__all__ = [
+    "AGENT_ARGS",
+    "AGENT_COMMAND",
+    "CHECKPOINT_ROOT",
+    "DRAIN_TIMEOUT_S",
+    "EVENT_LOG",
+    "GPU_TOLERATION",
+    "METRICS_PORT",
+    "METRICS_PORT_NAME",
+    "SOCKET",
+    "SOCKET_HOST_PATH",
+    "SOCKET_MOUNT_PATH",
+    "SOCKET_VOLUME",
+    "STATE_HOST_PATH",
+    "STATE_MOUNT_PATH",
+    "STATE_VOLUME",
+    "TERMINATION_GRACE_S",
+    "run_agent_in",
+]
+
+STATE_VOLUME: Final = "substrate-gpu-state"
+STATE_HOST_PATH: Final = "/var/lib/substrate-gpu/workers"
+STATE_MOUNT_PATH: Final = "/var/lib/substrate-gpu"
+SOCKET_VOLUME: Final = "substrate-gpu-socket"
+SOCKET_HOST_PATH: Final = "/run/substrate-gpu/workers"
+SOCKET_MOUNT_PATH: Final = "/run/substrate-gpu"
+
+EVENT_LOG: Final = f"{STATE_MOUNT_PATH}/events.jsonl"
+CHECKPOINT_ROOT: Final = f"{STATE_MOUNT_PATH}/checkpoints"
+SOCKET: Final = f"{SOCKET_MOUNT_PATH}/agent.sock"
+
+METRICS_PORT: Final = http.DEFAULT_PORT
+METRICS_PORT_NAME: Final = "metrics"
+DRAIN_TIMEOUT_S: Final = math.ceil(config.DEFAULT_DRAIN_TIMEOUT)
+TERMINATION_GRACE_S: Final = DRAIN_TIMEOUT_S + 15
+"""The drain, then closing the log and the socket, with room to spare."""
+
+GPU_TOLERATION: Final = {"key": model.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+"""GPU node pools are tainted ``nvidia.com/gpu:NoSchedule`` (GKE, the GPU Operator): the
+agent must land there, whether or not the cluster's ExtendedResourceToleration adds it."""
+
+# Downward API values the subPathExprs expand (they must be the container's env).
+_POD_NAME: Final = "SUBSTRATE_GPU_POD_NAME"
+_POD_NAMESPACE: Final = "SUBSTRATE_GPU_POD_NAMESPACE"
+_POD_UID: Final = "SUBSTRATE_GPU_POD_UID"
+_POOL: Final = "SUBSTRATE_GPU_WORKER_POOL"
+_DOWNWARD: Final = (
+    (_POD_NAMESPACE, "metadata.namespace"),
+    (_POOL, f"metadata.labels['{model.UPSTREAM_POOL_LABEL}']"),
+    (_POD_NAME, "metadata.name"),
+    (_POD_UID, "metadata.uid"),
+)
+
+AGENT_COMMAND: Final = ("substrate-gpu",)
+AGENT_ARGS: Final = (
+    "agent",
+    "--socket",
+    SOCKET,
+    "--event-log",
+    EVENT_LOG,
+    "--checkpoint-root",
+    CHECKPOINT_ROOT,
+    "--toolkit-dir",
+    str(toolkit.DEFAULT_TOOLKIT_DIR),
+    "--metrics-host",
+    "0.0.0.0",  # noqa: S104  (the kubelet probes the pod's IP; see the module docstring)
+    "--metrics-port",
+    str(METRICS_PORT),
+    "--drain-timeout",
+    str(DRAIN_TIMEOUT_S),
+)
+"""``substrate-gpu`` arguments of the agent in a GPU worker. Logs are JSON lines (stderr is
+no terminal); ``--driver-root`` comes from ``ATE_NVIDIA_DRIVER_ROOT`` when the controller
+forwards it."""
+
+
+def run_agent_in(container: dict[str, object], pod_spec: dict[str, object]) -> None:
+    """Make ``container`` (the GPU container of ``pod_spec``) run the agent, in place."""
+    container["command"] = list(AGENT_COMMAND)
+    container["args"] = list(AGENT_ARGS)
+    _list(container, "env").extend(
+        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}} for name, path in _DOWNWARD
+    )
+    _list(container, "ports").append(
+        {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"}
+    )
+    # Startup covers recovery (replaying the log, asking runsc about interrupted effects)
+    # for up to 10 minutes before liveness may restart the agent.
+    container["startupProbe"] = _probe("/healthz", period=5, failures=120)
+    container["livenessProbe"] = _probe("/healthz", period=10, failures=3)
+    container["readinessProbe"] = _probe("/readyz", period=5, failures=2)
+    _list(container, "volumeMounts").extend(
+        [
+            {
+                "name": STATE_VOLUME,
+                "mountPath": STATE_MOUNT_PATH,
+                "subPathExpr": f"$({_POD_NAMESPACE})/$({_POOL})/$({_POD_NAME})",
+            },
+            {
+                "name": SOCKET_VOLUME,
+                "mountPath": SOCKET_MOUNT_PATH,
+                "subPathExpr": f"$({_POD_UID})",
+            },
+        ]
+    )
+    _list(pod_spec, "volumes").extend(
+        [
+            {
+                "name": STATE_VOLUME,
+                "hostPath": {"path": STATE_HOST_PATH, "type": "DirectoryOrCreate"},
+            },
+            {
+                "name": SOCKET_VOLUME,
+                "hostPath": {"path": SOCKET_HOST_PATH, "type": "DirectoryOrCreate"},
+            },
+        ]
+    )
+    pod_spec["terminationGracePeriodSeconds"] = TERMINATION_GRACE_S
+    tolerations = _list(pod_spec, "tolerations")
+    if GPU_TOLERATION not in tolerations:
+        tolerations.append(dict(GPU_TOLERATION))
+
+
+def _probe(path: str, *, period: int, failures: int) -> dict[str, object]:
+    return {
+        "httpGet": {"path": path, "port": METRICS_PORT_NAME},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _list(parent: dict[str, object], key: str) -> list[object]:
+    value = parent.setdefault(key, [])
+    assert isinstance(value, list)
+    return value

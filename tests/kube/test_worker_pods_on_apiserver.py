@@ -1,0 +1,123 @@
+"""Rendered worker pods on a real kube-apiserver: admitted, and judged by Pod Security.
+
+A Deployment's dry-run validates its pod template; a Pod's dry-run also runs the pod
+admission plugins (service account, Pod Security). The worker pods of every example pool
+are created as Pods (dry-run), and the API server's Pod Security admission compares a GPU
+worker's posture with a CPU worker's: the GPU worker's only extra is host directories.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.kube_apiserver import KubeClient
+
+from substrate_gpu.pools import ControllerSettings, load_pool, manifests, render_worker_deployment
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "tests" / "data" / "pools" / "valid").glob("*.yaml"))
+SETTINGS = ControllerSettings(driver_root="/usr/local/nvidia", default_image="ateom:1")
+GPU_POOL_FILE = REPO / "tests" / "data" / "pools" / "valid" / "user-documented.yaml"
+CPU_POOL_FILE = REPO / "tests" / "data" / "pools" / "valid" / "cpu-pool.yaml"
+_names = itertools.count(1)
+
+
+def worker_pods(path: Path, namespace: str) -> list[dict[str, Any]]:
+    """The worker pod of each pool in ``path``, as a Pod in ``namespace``."""
+    pods = []
+    for document in manifests.read_documents(path):
+        deployment = render_worker_deployment(load_pool(document.content), SETTINGS)
+        template = deployment["spec"]["template"]  # type: ignore[index]
+        metadata = {**template["metadata"], "name": f"w{next(_names)}", "namespace": namespace}
+        pods.append(
+            {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]}
+        )
+    return pods
+
+
+def create_dry_run(admin: KubeClient, pod: dict[str, Any]) -> Any:
+    namespace = pod["metadata"]["namespace"]
+    return admin.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/pods",
+        pod,
+        query={"dryRun": "All", "fieldValidation": "Strict"},
+    )
+
+
+def pod_namespace(admin: KubeClient, name: str, labels: dict[str, str]) -> str:
+    """A namespace with ``labels`` and its ``default`` ServiceAccount (no controller makes it)."""
+    body = {"metadata": {"name": name, "labels": labels}}
+    assert admin.request("POST", "/api/v1/namespaces", body).status in (201, 409)
+    account = {"metadata": {"name": "default"}}
+    response = admin.request("POST", f"/api/v1/namespaces/{name}/serviceaccounts", account)
+    assert response.status in (201, 409), response.body
+    return name
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runtime_classes(admin: KubeClient) -> None:
+    """The RuntimeClasses the example pools name (admission refuses a pod naming none)."""
+    for path in EXAMPLES:
+        for document in manifests.read_documents(path):
+            name = load_pool(document.content).runtime_class_name
+            if name:
+                body = {"metadata": {"name": name}, "handler": name}
+                response = admin.request("POST", "/apis/node.k8s.io/v1/runtimeclasses", body)
+                assert response.status in (201, 409), response.body
+
+
+@pytest.fixture(scope="module")
+def open_namespace(admin: KubeClient) -> str:
+    return pod_namespace(admin, "worker-pods", {})
+
+
+def violations(admin: KubeClient, level: str, path: Path) -> dict[str, str]:
+    """Pod Security ``level``'s verdict on the worker pod of ``path``: check -> detail."""
+    namespace = pod_namespace(admin, f"pss-{level}", {"pod-security.kubernetes.io/enforce": level})
+    [pod] = worker_pods(path, namespace)
+    response = create_dry_run(admin, pod)
+    if response.status in (200, 201):
+        return {}
+    assert response.status == 403, response.body
+    # `... violates PodSecurity "baseline:latest": check (detail), check (detail)`
+    verdict = response.body["message"].split(':latest": ', 1)[1]
+    return dict(re.findall(r"([^,()][^()]*?) \(((?:[^()]|\([^()]*\))*)\)(?:, |$)", verdict))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_every_rendered_worker_pod_passes_server_side_dry_run(
+    admin: KubeClient, open_namespace: str, path: Path
+) -> None:
+    """Each example pool's worker pod (the agent's command, probes, downward-API env,
+    subPathExpr mounts) is admitted as a Pod, strictly."""
+    for pod in worker_pods(path, open_namespace):
+        response = create_dry_run(admin, pod)
+        assert response.status in (200, 201), response.body
+
+
+def test_a_gpu_worker_breaks_baseline_only_by_its_host_directories(admin: KubeClient) -> None:
+    """Under Pod Security baseline, a CPU worker is admitted and a GPU worker is refused
+    for hostPath volumes alone (toolkit, state, socket): not privileged, no capabilities,
+    no host namespaces, no procMount."""
+    assert violations(admin, "baseline", CPU_POOL_FILE) == {}
+    found = violations(admin, "baseline", GPU_POOL_FILE)
+    assert list(found) == ["hostPath volumes"], found
+    for volume in ("nvidia-toolkit", "substrate-gpu-state", "substrate-gpu-socket"):
+        assert f'"{volume}"' in found["hostPath volumes"]
+
+
+def test_a_gpu_worker_breaks_restricted_where_a_cpu_worker_does_plus_host_directories(
+    admin: KubeClient,
+) -> None:
+    """Under Pod Security restricted, the GPU worker's findings are the CPU worker's, plus
+    its hostPath volumes: the same posture, host directories aside."""
+    cpu = violations(admin, "restricted", CPU_POOL_FILE)
+    gpu = violations(admin, "restricted", GPU_POOL_FILE)
+    assert cpu
+    assert set(gpu) == set(cpu) | {"restricted volume types"}, (cpu, gpu)
+    assert 'type "hostPath"' in gpu["restricted volume types"]

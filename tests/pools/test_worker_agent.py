@@ -1,0 +1,228 @@
+"""The agent in a GPU worker pod: its real flags, state on the node, probes, grace, taint."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]  # ships no py.typed; test-only
+import pytest
+import yaml
+from pool_cases import IMAGE, pool
+
+from substrate_gpu import cli
+from substrate_gpu.cli import _agent
+from substrate_gpu.pools import (
+    ControllerSettings,
+    load_pool,
+    manifests,
+    render_worker_deployment,
+    worker_agent,
+)
+from substrate_gpu.service import config
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "tests" / "data" / "pools" / "valid").glob("*.yaml"))
+SETTINGS = ControllerSettings(driver_root="/usr/local/nvidia", default_image=IMAGE)
+GPU_POOL = load_pool(pool({"resourceRequests": {"nvidia.com/gpu": "2"}, "maxWorkers": 3}))
+CPU_POOL = load_pool(pool({"replicas": 2, "template": {"resources": {"requests": {"cpu": "1"}}}}))
+
+
+def pod_spec(deployment: dict[str, Any]) -> dict[str, Any]:
+    return deployment["spec"]["template"]["spec"]
+
+
+def gpu_container(deployment: dict[str, Any]) -> dict[str, Any]:
+    """The container holding the pool's GPUs (there must be exactly one)."""
+    holding = [
+        c
+        for c in pod_spec(deployment)["containers"]
+        if "nvidia.com/gpu" in c.get("resources", {}).get("limits", {})
+    ]
+    assert len(holding) == 1, holding
+    return holding[0]
+
+
+def agent_config(container: dict[str, Any]) -> config.AgentConfig:
+    """What the container's command line configures, parsed by the real CLI parser."""
+    assert container["command"] == ["substrate-gpu"]
+    args = cli.build_parser().parse_args(container["args"])
+    assert args.handler is _agent.run
+    assert not args.demo
+    return _agent.config_from(args)
+
+
+def mount_of(container: dict[str, Any], path: str) -> dict[str, Any]:
+    """The volume mount ``path`` lies under (the deepest one)."""
+    under = [
+        m
+        for m in container["volumeMounts"]
+        if PurePosixPath(path).is_relative_to(PurePosixPath(m["mountPath"]))
+    ]
+    assert under, f"{path} is on no volume: it would not outlive the container"
+    return max(under, key=lambda m: len(m["mountPath"]))
+
+
+def volume(deployment: dict[str, Any], name: str) -> dict[str, Any]:
+    [found] = [v for v in pod_spec(deployment)["volumes"] if v["name"] == name]
+    return found
+
+
+def gpu_deployments() -> list[Any]:
+    params = []
+    for path in EXAMPLES:
+        for doc in manifests.read_documents(path):
+            p = load_pool(doc.content)
+            if p.is_gpu_pool:
+                d = render_worker_deployment(p, SETTINGS)
+                params.append(pytest.param(d, id=f"{path.stem}-{p.name}"))
+    assert len(params) >= 3
+    return params
+
+
+GPU_DEPLOYMENTS = gpu_deployments()
+
+
+@pytest.mark.parametrize("deployment", GPU_DEPLOYMENTS)
+def test_the_gpu_container_runs_the_real_agent_with_explicit_arguments(
+    deployment: dict[str, Any],
+) -> None:
+    """The container with the GPUs runs `substrate-gpu agent` on a socket, never the demo."""
+    settings = agent_config(gpu_container(deployment))
+    assert settings.socket == Path(worker_agent.SOCKET)
+    assert settings.toolkit_dir == Path("/opt/nvidia-toolkit")
+    assert {"name": "nvidia-toolkit", "mountPath": "/opt/nvidia-toolkit", "readOnly": True} in (
+        gpu_container(deployment)["volumeMounts"]
+    )
+
+
+@pytest.mark.parametrize("deployment", GPU_DEPLOYMENTS)
+def test_event_log_and_checkpoints_live_on_a_host_directory_keyed_by_pool_and_pod(
+    deployment: dict[str, Any],
+) -> None:
+    """Both are on the state hostPath, in a subdirectory named by namespace, pool and pod."""
+    container = gpu_container(deployment)
+    settings = agent_config(container)
+    for path in (settings.event_log, settings.checkpoint_root):
+        assert path is not None
+        mount = mount_of(container, str(path))
+        assert mount["name"] == worker_agent.STATE_VOLUME
+        assert "hostPath" in volume(deployment, mount["name"])
+        # Every $(VAR) of the key is the downward API's namespace, pool label or pod name.
+        env = {
+            e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+            for e in container["env"]
+        }
+        key = [env[v] for v in re.findall(r"\$\((\w+)\)", mount["subPathExpr"])]
+        assert key == [
+            "metadata.namespace",
+            "metadata.labels['ate.dev/worker-pool']",
+            "metadata.name",
+        ]
+
+
+@pytest.mark.parametrize("deployment", GPU_DEPLOYMENTS)
+def test_the_socket_is_on_a_host_directory_short_enough_for_a_unix_socket(
+    deployment: dict[str, Any],
+) -> None:
+    """The socket's host path, keyed by pod uid, stays under the 107-byte sun_path limit."""
+    container = gpu_container(deployment)
+    mount = mount_of(container, worker_agent.SOCKET)
+    host_dir = volume(deployment, mount["name"])["hostPath"]["path"]
+    env = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container["env"]
+        if "valueFrom" in e
+    }
+    assert [env[v] for v in re.findall(r"\$\((\w+)\)", mount["subPathExpr"])] == ["metadata.uid"]
+    uid = "0" * 36  # a pod uid is a 36-character UUID
+    on_host = PurePosixPath(
+        host_dir, uid, PurePosixPath(worker_agent.SOCKET).relative_to(mount["mountPath"])
+    )
+    assert len(str(on_host).encode()) <= 107
+
+
+@pytest.mark.parametrize("deployment", GPU_DEPLOYMENTS)
+def test_the_grace_period_exceeds_the_agents_drain_timeout(deployment: dict[str, Any]) -> None:
+    """The kubelet waits longer than the agent drains, so SIGKILL never cuts a drain short."""
+    settings = agent_config(gpu_container(deployment))
+    assert pod_spec(deployment)["terminationGracePeriodSeconds"] > settings.drain_timeout
+
+
+@pytest.mark.parametrize("deployment", GPU_DEPLOYMENTS)
+def test_probes_ask_the_agents_health_endpoints_on_its_declared_metrics_port(
+    deployment: dict[str, Any],
+) -> None:
+    """Liveness and startup ask /healthz, readiness /readyz, on the port the agent serves."""
+    container = gpu_container(deployment)
+    settings = agent_config(container)
+    [port] = container["ports"]
+    assert (port["containerPort"], settings.metrics_port) == (9477, 9477)
+    # The kubelet probes the pod's IP: loopback would fail every probe.
+    assert settings.metrics_host == "0.0.0.0"
+    paths = {
+        probe: (container[probe]["httpGet"]["path"], container[probe]["httpGet"]["port"])
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe")
+    }
+    assert paths == {
+        "startupProbe": ("/healthz", port["name"]),
+        "livenessProbe": ("/healthz", port["name"]),
+        "readinessProbe": ("/readyz", port["name"]),
+    }
+
+
+@pytest.mark.parametrize("deployment", GPU_DEPLOYMENTS)
+def test_gpu_workers_tolerate_the_gpu_taint_once(deployment: dict[str, Any]) -> None:
+    """The agent lands on tainted GPU nodes; a pool's own toleration is not doubled."""
+    tolerations = pod_spec(deployment)["tolerations"]
+    assert tolerations.count(worker_agent.GPU_TOLERATION) == 1
+
+
+@pytest.mark.parametrize("deployment", GPU_DEPLOYMENTS)
+def test_the_rendered_worker_pod_is_a_valid_kubernetes_pod(deployment: dict[str, Any]) -> None:
+    """The pod template, as a Pod, passes the core/v1 schema (strict)."""
+    template = deployment["spec"]["template"]
+    kubernetes_validate.validate(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "w", **template["metadata"]},
+            "spec": template["spec"],
+        },
+        "1.30.0",
+        strict=True,
+    )
+
+
+def test_a_gpu_worker_has_the_security_context_of_a_cpu_worker() -> None:
+    """No securityContext at pod or container level, exactly like a CPU worker's."""
+    gpu, cpu = (render_worker_deployment(p, SETTINGS) for p in (GPU_POOL, CPU_POOL))
+    for d in (gpu, cpu):
+        assert "securityContext" not in pod_spec(d)
+        assert all("securityContext" not in c for c in pod_spec(d)["containers"])
+        assert "hostUsers" not in pod_spec(d)
+
+
+def test_a_cpu_worker_does_not_run_the_agent() -> None:
+    """The agent is GPU shaping: a CPU pool's container keeps its image's own command."""
+    [container] = pod_spec(render_worker_deployment(CPU_POOL, SETTINGS))["containers"]
+    assert not {"command", "args", "ports", "livenessProbe"} & container.keys()
+
+
+def test_no_shipped_manifest_runs_the_demo() -> None:
+    """Nothing under deploy/ asks for --demo, and every substrate-gpu container names its
+    subcommand (no image default decides what runs)."""
+    containers = 0
+    for path in sorted((ROOT / "deploy").rglob("*.yaml")):
+        assert "--demo" not in path.read_text(encoding="utf-8"), path
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            template = doc.get("spec", {}).get("template", {})
+            for container in template.get("spec", {}).get("containers", []):
+                if (
+                    container.get("command", [None])[0] == "substrate-gpu"
+                    or "substrate-gpu" in container["image"]
+                ):
+                    containers += 1
+                    assert container["args"][0] in {"agent", "controller"}, (path, container)
+    assert containers >= 4
