@@ -21,6 +21,10 @@ container resumes from its event log and restores suspended actors from their ch
   through the downward API and ``subPathExpr``: two workers never share a log (the agent
   locks it), and a pod's directory stays on the node after the pod is gone, for the actor
   tooling to restore from and then remove;
+- ``/var/lib/substrate-gpu/workers/<namespace>/<pool>`` again, read-only, at
+  ``/var/lib/substrate-gpu-pool``: the checkpoints of the pool's earlier workers on this
+  node, which a new worker restores from (``restore_requested`` with ``image_path``) when
+  the pod that took them was replaced. Nothing of another pool is visible;
 - ``/run/substrate-gpu/workers/<pod uid>`` on the host, mounted at ``/run/substrate-gpu``:
   the agent's Unix socket, reachable by the node's lifecycle driver (a process on the host
   or a container mounting the same path). Keyed by the pod's uid, not its name, because
@@ -55,6 +59,7 @@ __all__ = [
     "GPU_TOLERATION",
     "METRICS_PORT",
     "METRICS_PORT_NAME",
+    "POOL_STATE_MOUNT_PATH",
     "SOCKET",
     "SOCKET_HOST_PATH",
     "SOCKET_MOUNT_PATH",
@@ -69,6 +74,7 @@ __all__ = [
 STATE_VOLUME: Final = "substrate-gpu-state"
 STATE_HOST_PATH: Final = "/var/lib/substrate-gpu/workers"
 STATE_MOUNT_PATH: Final = "/var/lib/substrate-gpu"
+POOL_STATE_MOUNT_PATH: Final = "/var/lib/substrate-gpu-pool"
 SOCKET_VOLUME: Final = "substrate-gpu-socket"
 SOCKET_HOST_PATH: Final = "/run/substrate-gpu/workers"
 SOCKET_MOUNT_PATH: Final = "/run/substrate-gpu"
@@ -137,12 +143,19 @@ def run_agent_in(container: dict[str, object], pod_spec: dict[str, object]) -> N
     container["startupProbe"] = _probe("/healthz", period=5, failures=120)
     container["livenessProbe"] = _probe("/healthz", period=10, failures=3)
     container["readinessProbe"] = _probe("/readyz", period=5, failures=2)
+    pool_key = f"$({_POD_NAMESPACE})/$({_POOL})"
     _list(container, "volumeMounts").extend(
         [
             {
                 "name": STATE_VOLUME,
                 "mountPath": STATE_MOUNT_PATH,
-                "subPathExpr": f"$({_POD_NAMESPACE})/$({_POOL})/$({_POD_NAME})",
+                "subPathExpr": f"{pool_key}/$({_POD_NAME})",
+            },
+            {
+                "name": STATE_VOLUME,
+                "mountPath": POOL_STATE_MOUNT_PATH,
+                "subPathExpr": pool_key,
+                "readOnly": True,
             },
             {
                 "name": SOCKET_VOLUME,

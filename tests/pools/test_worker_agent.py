@@ -226,3 +226,22 @@ def test_no_shipped_manifest_runs_the_demo() -> None:
                     containers += 1
                     assert container["args"][0] in {"agent", "controller"}, (path, container)
     assert containers >= 4
+
+
+@pytest.mark.parametrize("deployment", GPU_DEPLOYMENTS)
+def test_a_worker_reads_its_pools_earlier_workers_state_read_only(
+    deployment: dict[str, Any],
+) -> None:
+    """The pool's directory (every worker's, this one's included) is mounted read-only, so a
+    replacement restores from a replaced pod's checkpoints on the same node."""
+    container = gpu_container(deployment)
+    [own] = [
+        m for m in container["volumeMounts"] if m["mountPath"] == worker_agent.STATE_MOUNT_PATH
+    ]
+    [pool_view] = [
+        m for m in container["volumeMounts"] if m["mountPath"] == worker_agent.POOL_STATE_MOUNT_PATH
+    ]
+    assert pool_view["name"] == own["name"]
+    assert pool_view["readOnly"] is True
+    # The pool's key is the own directory's parent: the view holds exactly the pool's workers.
+    assert own["subPathExpr"].rpartition("/")[0] == pool_view["subPathExpr"]
