@@ -245,3 +245,9 @@ def test_a_worker_reads_its_pools_earlier_workers_state_read_only(
     assert pool_view["readOnly"] is True
     # The pool's key is the own directory's parent: the view holds exactly the pool's workers.
     assert own["subPathExpr"].rpartition("/")[0] == pool_view["subPathExpr"]
+
+
+def test_docs_show_the_command_line_the_pods_run() -> None:
+    """docs/agent.md's pod table quotes the exact command line a GPU worker runs."""
+    command = " ".join([*worker_agent.AGENT_COMMAND, *worker_agent.AGENT_ARGS])
+    assert f"`{command}`" in (ROOT / "docs" / "agent.md").read_text(encoding="utf-8")
