@@ -69,19 +69,20 @@ def volume(deployment: dict[str, Any], name: str) -> dict[str, Any]:
     return found
 
 
-def gpu_deployments() -> list[Any]:
+def example_deployments(*, gpu_only: bool) -> list[Any]:
     params = []
     for path in EXAMPLES:
         for doc in manifests.read_documents(path):
             p = load_pool(doc.content)
-            if p.is_gpu_pool:
+            if p.is_gpu_pool or not gpu_only:
                 d = render_worker_deployment(p, SETTINGS)
                 params.append(pytest.param(d, id=f"{path.stem}-{p.name}"))
     assert len(params) >= 3
     return params
 
 
-GPU_DEPLOYMENTS = gpu_deployments()
+GPU_DEPLOYMENTS = example_deployments(gpu_only=True)
+ALL_DEPLOYMENTS = example_deployments(gpu_only=False)
 
 
 @pytest.mark.parametrize("deployment", GPU_DEPLOYMENTS)
@@ -179,7 +180,7 @@ def test_gpu_workers_tolerate_the_gpu_taint_once(deployment: dict[str, Any]) -> 
     assert tolerations.count(worker_agent.GPU_TOLERATION) == 1
 
 
-@pytest.mark.parametrize("deployment", GPU_DEPLOYMENTS)
+@pytest.mark.parametrize("deployment", ALL_DEPLOYMENTS)
 def test_the_rendered_worker_pod_is_a_valid_kubernetes_pod(deployment: dict[str, Any]) -> None:
     """The pod template, as a Pod, passes the core/v1 schema (strict)."""
     template = deployment["spec"]["template"]
