@@ -59,8 +59,9 @@ class AgentProcess:
         )
 
     @classmethod
-    def on_socket(cls, tmp: Path, *extra: str, **kwargs: Any) -> AgentProcess:
-        """An agent serving ``tmp/agent.sock`` with its log at ``tmp/events.jsonl``."""
+    def on_socket(cls, tmp: Path, *extra: str, wait: bool = True, **kwargs: Any) -> AgentProcess:
+        """An agent serving ``tmp/agent.sock`` with its log at ``tmp/events.jsonl``
+        (``extra`` flags come last: they override these); ``wait``: until it serves."""
         agent = cls(
             tmp,
             "--socket",
@@ -78,7 +79,8 @@ class AgentProcess:
             *extra,
             **kwargs,
         )
-        agent.wait_for_socket()
+        if wait:
+            agent.wait_for_socket()
         return agent
 
     @classmethod

@@ -116,20 +116,15 @@ def test_a_failed_event_log_makes_the_agent_unready(tmp_path, real_runsc):
     names ``event_log`` with the cause, while /healthz stays 200 (the process is fine)."""
     port = free_port()
     state = tmp_path / "state"
-    agent = AgentProcess(
+    agent = AgentProcess.on_socket(
         tmp_path,
-        "--socket",
-        str(tmp_path / "agent.sock"),
         "--event-log",
         str(state / "events.jsonl"),
-        "--checkpoint-root",
-        str(tmp_path / "ck"),
         "--runsc",
         str(real_runsc),
         "--metrics-port",
         str(port),
     )
-    agent.wait_for_socket()
     try:
         wait_for_probe(port, "/readyz", lambda status, _: status == 200)
         for path in sorted(state.iterdir()):
@@ -174,20 +169,13 @@ def test_the_agent_is_not_ready_while_recovery_runs(tmp_path, runc_path):
         kill_hung(pids)
 
     port = free_port()
-    second = AgentProcess(
+    second = AgentProcess.on_socket(
         tmp_path,
-        "--socket",
-        str(tmp_path / "agent.sock"),
-        "--event-log",
-        str(tmp_path / "events.jsonl"),
-        "--checkpoint-root",
-        str(tmp_path / "checkpoints"),
-        "--runsc-root",
-        str(tmp_path / "runsc-root"),
         "--runsc",
         str(runsc),
         "--metrics-port",
         str(port),
+        wait=False,  # it serves only after recovery, which is about to hang
         env={**hang, "RUNSC_STANDIN_HANG": "state"},
     )
     try:
