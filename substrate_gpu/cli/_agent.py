@@ -82,7 +82,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--metrics-port",
         type=int,
         default=DEFAULT_PORT,
-        help="metrics port; 0 turns the endpoint off (default: %(default)s)",
+        help="metrics port, also serving /healthz and /readyz; 0 turns the endpoint off "
+        "(default: %(default)s)",
+    )
+    metrics.add_argument(
+        "--liveness-timeout",
+        type=float,
+        default=config_.DEFAULT_LIVENESS_TIMEOUT,
+        help="seconds without an event-loop heartbeat before /healthz fails (default: %(default)s)",
     )
     runtime = parser.add_argument_group("runtime and GPU injection")
     runtime.add_argument("--runsc", default="runsc", help="the runsc binary (default: %(default)s)")
@@ -164,6 +171,7 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
     for flag, seconds in (
         ("--idle-timeout", args.idle_timeout),
         ("--line-timeout", args.line_timeout),
+        ("--liveness-timeout", args.liveness_timeout),
     ):
         if not seconds > 0 or seconds == float("inf"):
             raise exceptions.ConfigError(
@@ -194,6 +202,7 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
         max_clients=args.max_clients,
         idle_timeout=args.idle_timeout,
         line_timeout=args.line_timeout,
+        liveness_timeout=args.liveness_timeout,
         driver_preflight=args.driver_preflight,
         cuda_checkpoint=args.cuda_checkpoint,
         sandbox_cuda_checkpoint=args.sandbox_cuda_checkpoint,

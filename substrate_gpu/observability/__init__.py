@@ -5,7 +5,9 @@
 - :mod:`~substrate_gpu.observability.registry` — :class:`AgentRegistry`, the registry the
   agent exports (no ``_created`` series).
 - :mod:`~substrate_gpu.observability.http` — :class:`MetricsServer`, the registry served on
-  127.0.0.1 (classic text and OpenMetrics).
+  127.0.0.1 (classic text and OpenMetrics), and ``/healthz``/``/readyz`` beside it.
+- :mod:`~substrate_gpu.observability.health` — what those probes report (named checks, 200
+  or 503, a plain-text body); the agent's checks are :mod:`substrate_gpu.service.health`.
 - :mod:`~substrate_gpu.observability.logging` — :func:`configure_logging` and
   :func:`bind_actor`: JSON lines (or a console on a TTY), stdlib logs in the same shape.
 

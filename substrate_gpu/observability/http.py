@@ -13,14 +13,21 @@ of 5: under 50 concurrent scrapers the kernel drops connection attempts, which t
 see as 1 s+ stalls or timeouts. Ours listens with :data:`LISTEN_BACKLOG`, serves each
 connection in a daemon thread, and gives every connection ``timeout`` seconds per read or
 write, so a client that connects and sends nothing holds a thread for that long, not forever.
+
+**Health.** Given a :class:`~substrate_gpu.observability.health.HealthSource`, the same server
+answers ``GET /healthz`` and ``GET /readyz`` (200 or 503, a plain-text body naming each
+check; see :mod:`~substrate_gpu.observability.health`). The probes share the metrics port on
+purpose: one port to declare in a pod, and a probe answered from the server's own thread
+still tells a blocked event loop apart from a dead process.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Final, Self
+from typing import TYPE_CHECKING, Final, Self
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import anyio.to_thread
@@ -28,8 +35,12 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from substrate_gpu import exceptions
+from substrate_gpu.observability import health as health_
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "MetricsServer"]
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "LIVENESS_PATH", "READINESS_PATH", "MetricsServer"]
 
 DEFAULT_HOST: Final = "127.0.0.1"
 """Loopback: a node agent's metrics are scraped locally or through a deliberate choice."""
@@ -42,6 +53,12 @@ DEFAULT_TIMEOUT: Final = 10.0
 
 LISTEN_BACKLOG: Final = 1024
 """Connections the kernel queues before accepting (the kernel caps it at somaxconn)."""
+
+LIVENESS_PATH: Final = "/healthz"
+"""Liveness: 200 while the agent's event loop runs (:class:`health.Liveness`)."""
+
+READINESS_PATH: Final = "/readyz"
+"""Readiness: 200 while the agent can take requests (:class:`health.Readiness`)."""
 
 
 class _Server(ThreadingWSGIServer):
@@ -57,10 +74,50 @@ class _Handler(WSGIRequestHandler):
         pass
 
 
+def _with_health(metrics: WSGIApplication, source: health_.HealthSource | None) -> WSGIApplication:
+    """``metrics``, with ``/healthz`` and ``/readyz`` answered from ``source`` (404 without
+    one: a probe must never read a metrics page as "healthy")."""
+    probes: dict[str, Callable[[], health_.Report] | None] = {
+        LIVENESS_PATH: source.liveness if source is not None else None,
+        READINESS_PATH: source.readiness if source is not None else None,
+    }
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path not in probes:
+            return metrics(environ, start_response)
+        probe = probes[path]
+        if probe is None:
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"no health source: this server serves metrics only\n"]
+        method = environ.get("REQUEST_METHOD", "GET")
+        if method not in ("GET", "HEAD"):
+            start_response(
+                "405 Method Not Allowed",
+                [("Content-Type", "text/plain; charset=utf-8"), ("Allow", "GET, HEAD")],
+            )
+            return [b"only GET and HEAD\n"]
+        report = probe()
+        body = report.body()
+        reason = "OK" if report.ok else "Service Unavailable"
+        start_response(
+            f"{report.status} {reason}",
+            [
+                ("Content-Type", "text/plain; charset=utf-8"),
+                ("Content-Length", str(len(body))),
+                ("Cache-Control", "no-store"),
+            ],
+        )
+        return [] if method == "HEAD" else [body]
+
+    return app
+
+
 class MetricsServer:
     """Serves ``registry`` on ``http://host:port/metrics`` in a daemon thread while entered.
 
-    ``port`` and ``url`` give the bound address (the real port when 0 was asked for).
+    ``port`` and ``url`` give the bound address (the real port when 0 was asked for). With
+    ``health``, ``/healthz`` and ``/readyz`` are answered too.
     """
 
     def __init__(
@@ -70,8 +127,10 @@ class MetricsServer:
         host: str = DEFAULT_HOST,
         port: int = DEFAULT_PORT,
         timeout: float = DEFAULT_TIMEOUT,
+        health: health_.HealthSource | None = None,
     ) -> None:
         self._registry = registry
+        self._health = health
         self._host = host
         self._requested_port = port
         self._timeout = timeout
@@ -111,10 +170,11 @@ class MetricsServer:
             )[0][0]
             server_class = type("_BoundServer", (_Server,), {"address_family": family})
             handler_class = type("_TimedHandler", (_Handler,), {"timeout": self._timeout})
+            app = _with_health(make_wsgi_app(self._registry), self._health)
             server: WSGIServer = make_server(
                 self._host,
                 self._requested_port,
-                make_wsgi_app(self._registry),
+                app,
                 server_class=server_class,
                 handler_class=handler_class,
             )

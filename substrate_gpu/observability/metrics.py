@@ -32,6 +32,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from substrate_gpu.lifecycle import names, registry
+from substrate_gpu.observability import health
 
 __all__ = [
     "ACTOR_STATES",
@@ -259,6 +260,30 @@ class _ActorStateCollector(Collector):
             family.add_metric([state], count)
         if other:
             family.add_metric([OTHER], other)
+        return [family]
+
+
+class _ReadinessCollector(Collector):
+    """``substrate_gpu_agent_ready{check}``: each ``/readyz`` check, 1 passing, 0 failing.
+
+    Read from the health source at scrape time; every check is exported, so
+    ``min(substrate_gpu_agent_ready) == 0`` is "not ready" whatever the cause.
+    """
+
+    _NAME: Final = "substrate_gpu_agent_ready"
+    _HELP: Final = "1 while the readiness check passes (GET /readyz), 0 while it fails."
+
+    def __init__(self, readiness: Callable[[], health.Report]) -> None:
+        self._readiness = readiness
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(self._NAME, self._HELP, labels=["check"])]
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(self._NAME, self._HELP, labels=["check"])
+        known = frozenset(health.Readiness)
+        for check in self._readiness().checks:
+            family.add_metric([check.name if check.name in known else OTHER], float(check.ok))
         return [family]
 
 
@@ -528,6 +553,11 @@ class AgentMetrics:
     def event_log_failed(self) -> None:
         """Mark the event log unusable: the agent acknowledges nothing more."""
         self._event_log_usable.set(0)
+
+    def report_readiness(self, readiness: Callable[[], health.Report]) -> None:
+        """Export ``substrate_gpu_agent_ready{check}`` from ``readiness`` (called per scrape,
+        from the metrics server's thread: it must not block). Once per registry."""
+        self.registry.register(_ReadinessCollector(readiness))
 
 
 def _package_version() -> str:

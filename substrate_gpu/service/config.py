@@ -16,6 +16,7 @@ DEFAULT_DRAIN_TIMEOUT: Final = 30.0
 DEFAULT_MAX_CLIENTS: Final = 256
 DEFAULT_IDLE_TIMEOUT: Final = 300.0
 DEFAULT_LINE_TIMEOUT: Final = 10.0
+DEFAULT_LIVENESS_TIMEOUT: Final = 10.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class AgentConfig:
     """Seconds a socket client may stay connected without sending a byte."""
     line_timeout: float = DEFAULT_LINE_TIMEOUT
     """Seconds a socket client has to finish a line it started (and to read an answer)."""
+    liveness_timeout: float = DEFAULT_LIVENESS_TIMEOUT
+    """Seconds without an event-loop heartbeat before ``/healthz`` fails."""
     extra_env: tuple[tuple[str, str], ...] = ()
     """Environment added to nvidia-ctk's (a proxy, a toolkit setting, a stand-in's knobs)."""
     driver_preflight: bool = True

@@ -31,6 +31,9 @@ Design decisions:
   a partial line (or an unread answer) for ``line_timeout`` seconds, is closed. A line is
   buffered up to :data:`protocol.MAX_LINE_BYTES` and no further. ``accept`` failing for
   lack of file descriptors or memory is backed off from, never fatal.
+- **Health on the metrics port.** ``/healthz`` and ``/readyz`` (:mod:`.health`) are served
+  from the moment the log is locked, before recovery: a probe sees ``recovery: running``,
+  not a refused connection. SIGTERM turns readiness off before the drain begins.
 - **One agent per log and per socket.** The log is locked (:func:`eventlog.lock`) before
   recovery reads it; an existing socket file is replaced only when nothing answers on it.
 """
@@ -61,6 +64,7 @@ from substrate_gpu.observability import AgentMetrics, AgentRegistry, MetricsServ
 from substrate_gpu.probes.api import CudaContextProbe
 from substrate_gpu.runsc.api import SandboxRuntime
 from substrate_gpu.service import config as config_
+from substrate_gpu.service import health as health_
 from substrate_gpu.service import protocol, query, recovery, wiring
 from substrate_gpu.service.config import AgentConfig
 
@@ -508,6 +512,8 @@ class Running:
     service: AgentService
     metrics_url: str | None
     recovered: recovery.Resumed | None
+    health: health_.AgentHealth
+    """What ``/healthz`` and ``/readyz`` answer."""
     stop: anyio.Event = field(default_factory=anyio.Event)
     """Set to shut the agent down (as SIGTERM does)."""
 
@@ -527,7 +533,9 @@ async def running_agent(
 ) -> AsyncIterator[Running]:
     """The agent serving (log open, recovered, metrics up) while inside; closed cleanly after.
 
-    Transports are not started here (see :func:`run`), so tests can drive the service.
+    Transports are not started here (see :func:`run`), so tests can drive the service. The
+    metrics server (with ``/healthz`` and ``/readyz``) starts once the log is locked, before
+    recovery, so a probe can tell "recovering" from "down".
     """
     spec = machine.load_spec()
     registry = AgentRegistry()
@@ -538,10 +546,24 @@ async def running_agent(
     if components is None:
         built = wiring.build_collaborators(config, metrics)
         components = Components(runtime=built.runtime, probe=built.probe, injector=built.injector)
+    health = health_.AgentHealth(config)
+    metrics.report_readiness(health.readiness)
     async with contextlib.AsyncExitStack() as stack:
         if config.event_log is not None:
             # Before recovery reads the log: a second agent must not even reconcile it.
             stack.enter_context(eventlog.lock(config.event_log))
+        url = None
+        if config.metrics_port:
+            server = await stack.enter_async_context(
+                MetricsServer(
+                    registry, host=config.metrics_host, port=config.metrics_port, health=health
+                )
+            )
+            url = server.url
+            watchers = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(watchers.cancel_scope.cancel)  # runs first: LIFO
+            watchers.start_soon(health.heartbeat)
+            watchers.start_soon(health.watch_runsc)
         event_log, recovered = await recovery.open_log(
             config.event_log,
             runtime=components.runtime,
@@ -579,16 +601,21 @@ async def running_agent(
                 reconciled=resumed.reconciled,
                 rerun=resumed.rerun,
             )
-        url = None
-        if config.metrics_port:
-            server = await stack.enter_async_context(
-                MetricsServer(registry, host=config.metrics_host, port=config.metrics_port)
+        running = Running(
+            service=AgentService(agent, metrics), metrics_url=url, recovered=resumed, health=health
+        )
+        health.serving(lambda: running.service.log_failure)
+        health.recovered(
+            health_.recovery_detail(
+                config.event_log,
+                resumed.actors if resumed else 0,
+                resumed.last_seq if resumed else 0,
             )
-            url = server.url
-        running = Running(service=AgentService(agent, metrics), metrics_url=url, recovered=resumed)
+        )
         try:
             yield running
         finally:
+            health.draining()
             with anyio.CancelScope(shield=True), anyio.move_on_after(config.drain_timeout):
                 await agent.settle()
 
@@ -646,6 +673,7 @@ async def _serve(
             if on_ready is not None:
                 on_ready(running)
             await running.stop.wait()
+            running.health.draining()
             running.service.begin_shutdown(config.drain_timeout)
             intake.cancel_scope.cancel()
         log.info("agent stopping: draining effects", timeout=config.drain_timeout)

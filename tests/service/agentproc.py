@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
+import platform
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +59,9 @@ class AgentProcess:
         )
 
     @classmethod
-    def on_socket(cls, tmp: Path, *extra: str, **kwargs: Any) -> AgentProcess:
-        """An agent serving ``tmp/agent.sock`` with its log at ``tmp/events.jsonl``."""
+    def on_socket(cls, tmp: Path, *extra: str, wait: bool = True, **kwargs: Any) -> AgentProcess:
+        """An agent serving ``tmp/agent.sock`` with its log at ``tmp/events.jsonl``
+        (``extra`` flags come last: they override these); ``wait``: until it serves."""
         agent = cls(
             tmp,
             "--socket",
@@ -74,7 +79,8 @@ class AgentProcess:
             *extra,
             **kwargs,
         )
-        agent.wait_for_socket()
+        if wait:
+            agent.wait_for_socket()
         return agent
 
     @classmethod
@@ -223,3 +229,70 @@ def logged_events(path: Path) -> list[dict[str, Any]]:
         if "seq" in body and "actor_id" in body:
             out.append(body)
     return out
+
+
+def probe(port: int, path: str) -> tuple[int, str]:
+    """GET ``/healthz`` or ``/readyz``: (status, body), a 503 included."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, e.read().decode()
+
+
+def wait_for_probe(
+    port: int, path: str, until: Callable[[int, str], bool], timeout: float = 20
+) -> tuple[int, str]:
+    """Probe until ``until(status, body)`` holds (a refused connection counts as not yet)."""
+    deadline = time.monotonic() + timeout
+    last: tuple[int, str] | None = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(urllib.error.URLError, ConnectionError):
+            last = probe(port, path)
+            if until(*last):
+                return last
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never satisfied the condition; last answer: {last}")
+
+
+_PTRACE_SEIZE, _PTRACE_INTERRUPT, _PTRACE_DETACH = 0x4206, 0x4207, 17
+_WALL = 0x40000000
+#: Syscalls an idle event loop waits in, with the GIL released (epoll_wait/_pwait/_pwait2).
+_LOOP_WAITS = {"x86_64": {"232", "281", "441"}, "aarch64": {"22", "441"}}
+
+
+@contextlib.contextmanager
+def main_thread_stopped(pid: int) -> Iterator[None]:
+    """Stop the main thread of child ``pid`` only (ptrace), while it waits in epoll.
+
+    The agent's event loop runs there; its other threads (the metrics server's) keep
+    running, so a probe sees exactly a blocked loop. The thread is stopped inside its
+    epoll wait, where it does not hold the GIL (else the other threads would stall too):
+    a stop that lands elsewhere is undone and retried.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+
+    def ptrace(request: int) -> None:
+        if libc.ptrace(request, pid, None, None) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"ptrace({request:#x}, {pid}): {os.strerror(code)}")
+
+    waits = _LOOP_WAITS[platform.machine()]
+    for _ in range(200):
+        ptrace(_PTRACE_SEIZE)
+        ptrace(_PTRACE_INTERRUPT)
+        os.waitpid(pid, _WALL)
+        syscall = Path(f"/proc/{pid}/syscall").read_text().split()[0]
+        if syscall in waits:
+            break
+        ptrace(_PTRACE_DETACH)
+        time.sleep(0.01)
+    else:
+        raise AssertionError(f"the main thread of {pid} never stopped in its epoll wait")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            ptrace(_PTRACE_DETACH)
