@@ -54,5 +54,6 @@ def _run(args: argparse.Namespace) -> int:
             retry_delay=args.retry_delay,
             liveness_endpoint=args.liveness_endpoint,
         ),
+        os.environ,
     )
     return 0

@@ -31,7 +31,7 @@ from typing import Any
 import kopf
 import structlog
 
-from substrate_gpu.controller import kube, reconcile
+from substrate_gpu.controller import credentials, kube, reconcile
 from substrate_gpu.pools import crd, model, shaping
 
 __all__ = [
@@ -142,11 +142,22 @@ def _conditions(raw: object) -> Sequence[Mapping[str, object]]:
     return [c for c in raw if isinstance(c, Mapping)]
 
 
-def run_controller(pool_settings: shaping.ControllerSettings, options: ControllerOptions) -> None:
-    """Run until SIGTERM or SIGINT (kopf handles both and finishes in-flight handlers)."""
+def run_controller(
+    pool_settings: shaping.ControllerSettings,
+    options: ControllerOptions,
+    environ: Mapping[str, str],
+) -> None:
+    """Run until SIGTERM or SIGINT (kopf handles both and finishes in-flight handlers).
+
+    Raises :class:`~.credentials.CredentialsError` before kopf starts when the credentials
+    cannot work (see :mod:`.credentials`); an unreachable API server is waited for.
+    """
     registry = build_registry(pool_settings, options)
-    asyncio.run(
-        kopf.operator(
+
+    async def main() -> None:
+        source = await credentials.ensure_access(options.namespaces, environ)
+        _log.info("controller starting", server=source.server, credentials=source.description)
+        await kopf.operator(
             registry=registry,
             settings=operator_settings(options),
             standalone=True,
@@ -154,4 +165,5 @@ def run_controller(pool_settings: shaping.ControllerSettings, options: Controlle
             namespaces=options.namespaces,
             liveness_endpoint=options.liveness_endpoint,
         )
-    )
+
+    asyncio.run(main())
