@@ -7,13 +7,13 @@ kopf, :func:`ensure_access` loads the credentials the way kopf will (in-cluster 
 account when ``KUBERNETES_SERVICE_HOST`` is set, else ``KUBECONFIG`` or
 ``~/.kube/config``) and lists WorkerPools once with them:
 
-- a missing, unreadable or malformed kubeconfig, a certificate the server's does not
-  match, a 401 (the credentials are refused) or a 403 (the account lacks the
-  controller's RBAC): :class:`CredentialsError`, and the command exits 1 naming the
-  kubeconfig and the cause;
-- the API server unreachable, 5xx or 429: retried with back-off until it answers (a
-  cluster whose control plane restarts with the controller must still converge);
-- 404 (the CRD is not installed yet): started anyway; kopf waits for the resource.
+- a missing, unreadable or malformed kubeconfig, a server certificate the kubeconfig does
+  not trust, a 401 (the credentials are refused) or a 403 (the account lacks the
+  controller's RBAC) that lasts :data:`REFUSAL_GRACE_S`: :class:`CredentialsError`, and
+  the command exits 1 naming the kubeconfig and the cause;
+- the API server unreachable, 5xx or 429, or a 404 (the CRD not installed yet, as when
+  ``deploy/`` is applied at once): retried with back-off until it answers (a cluster
+  whose control plane restarts with the controller must still converge).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,9 @@ __all__ = ["CredentialsError", "Source", "ensure_access", "load_credentials"]
 
 RETRY_DELAYS = (0.5, 1.0, 2.0, 3.0, 5.0)
 """Seconds between attempts while the API server is unreachable; the last repeats."""
+REFUSAL_GRACE_S = 10.0
+"""How long 401 or 403 answers may last before they are final: a freshly started API
+server answers them for a moment, until its authenticator and RBAC caches have synced."""
 
 _log = structlog.get_logger(__name__)
 
@@ -90,11 +94,20 @@ async def load_credentials(environ: Mapping[str, str]) -> Source:
     return Source(f"the kubeconfig {path}", _server())
 
 
-async def ensure_access(namespaces: Sequence[str], environ: Mapping[str, str]) -> Source:
-    """Load the credentials and list WorkerPools once; wait out an unreachable API server."""
+async def ensure_access(
+    namespaces: Sequence[str],
+    environ: Mapping[str, str],
+    *,
+    refusal_grace: float = REFUSAL_GRACE_S,
+) -> Source:
+    """Load the credentials and list WorkerPools once; wait out an unreachable API server.
+
+    A refusal (401, 403) is final only once it has lasted ``refusal_grace`` seconds.
+    """
     source = await load_credentials(environ)
     group, version = model.API_VERSION.split("/")
     attempt = 0
+    refused_since: float | None = None
     while True:
         try:
             async with client.ApiClient() as api:
@@ -107,16 +120,21 @@ async def ensure_access(namespaces: Sequence[str], environ: Mapping[str, str]) -
                 else:
                     await objects.list_cluster_custom_object(group, version, crd.PLURAL, limit=1)
         except client.ApiException as e:
-            if e.status == 404:  # the CRD is not installed yet: kopf waits for it
-                return source
             if e.status in (401, 403):
-                raise CredentialsError(_refused(source, e)) from e
-            if e.status not in (429, 500, 502, 503, 504):
+                now = time.monotonic()
+                refused_since = now if refused_since is None else refused_since
+                if now - refused_since >= refusal_grace:
+                    raise CredentialsError(_refused(source, e)) from e
+                cause = f"{e.status} {e.reason} (the API server may still be starting)"
+            elif e.status == 404:
+                cause = f"the {model.KIND} CRD is not installed (kubectl apply -f deploy/crd.yaml)"
+            elif e.status in (429, 500, 502, 503, 504):
+                cause = f"{e.status} {e.reason}"
+            else:
                 raise CredentialsError(
                     f"while listing WorkerPools with {source.description} at {source.server}: "
                     f"the API server answered {e.status} {e.reason}: {_body(e)}"
                 ) from e
-            cause = f"{e.status} {e.reason}"
         except aiohttp.ClientConnectorCertificateError as e:
             raise CredentialsError(
                 f"while connecting to {source.server} with {source.description}: the server's "

@@ -59,6 +59,8 @@ class ControllerOptions:
     retry_delay: float = 5.0
     """Seconds before a failed reconcile (API server away, 5xx, 409) is tried again."""
     liveness_endpoint: str | None = None
+    refusal_grace: float = credentials.REFUSAL_GRACE_S
+    """Seconds a 401 or 403 at start may last before the controller gives up (exit 1)."""
     """kopf's health endpoint, e.g. ``http://0.0.0.0:8080/healthz``; ``None`` for none."""
 
 
@@ -76,6 +78,10 @@ def operator_settings(options: ControllerOptions) -> kopf.OperatorSettings:
     settings.watching.reconnect_backoff = 0.5
     settings.networking.error_backoffs = (0.5, 1, 2, 3, 5)
     settings.networking.request_timeout = 60
+    # Watching named namespaces needs no namespace listing (kopf would try it, and without
+    # the right to, retry it through every back-off above, ~12 s, before falling back).
+    # The CRD is known to exist by then (:func:`.credentials.ensure_access` waits for it).
+    settings.scanning.disabled = bool(options.namespaces)
     return settings
 
 
@@ -155,7 +161,9 @@ def run_controller(
     registry = build_registry(pool_settings, options)
 
     async def main() -> None:
-        source = await credentials.ensure_access(options.namespaces, environ)
+        source = await credentials.ensure_access(
+            options.namespaces, environ, refusal_grace=options.refusal_grace
+        )
         _log.info("controller starting", server=source.server, credentials=source.description)
         await kopf.operator(
             registry=registry,

@@ -3,7 +3,8 @@
 Against the real API server: a kubeconfig that is missing, unreadable or malformed, a
 token the server refuses (401) and an account without the controller's RBAC (403) each
 end ``substrate-gpu controller`` with exit 1 and one line naming the kubeconfig and the
-cause; an API server that does not answer is retried (the restart tests in
+cause (a refusal once it has outlasted the grace a just-started API server needs); an
+API server that does not answer is retried (the restart tests in
 ``test_controller.py`` show the controller converging once it is back).
 """
 
@@ -87,7 +88,7 @@ async def test_a_token_the_api_server_refuses_is_fatal(
     """401: no retry, the server and the kubeconfig named."""
     path = _kubeconfig_for(apiserver, tmp_path / "kubeconfig")
     with pytest.raises(credentials.CredentialsError) as caught:
-        await credentials.ensure_access(["default"], _env(path))
+        await credentials.ensure_access(["default"], _env(path), refusal_grace=0)
     message = str(caught.value)
     assert f"with the kubeconfig {path}" in message
     assert apiserver.url in message and "401 Unauthorized" in message
@@ -103,7 +104,7 @@ async def test_an_account_without_the_controllers_rbac_is_fatal(
     token = apiserver.service_account_token(namespace, "nobody")
     path = apiserver.kubeconfig(tmp_path / "kubeconfig", token)
     with pytest.raises(credentials.CredentialsError) as caught:
-        await credentials.ensure_access([namespace], _env(path))
+        await credentials.ensure_access([namespace], _env(path), refusal_grace=0)
     message = str(caught.value)
     assert "403 Forbidden" in message and "deploy/controller.yaml" in message
     assert f"system:serviceaccount:{namespace}:nobody" in message
@@ -132,7 +133,10 @@ def test_the_command_exits_1_at_once_with_one_line_and_no_traceback(
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "substrate_gpu", "controller", "--namespace", "default"],
+        [
+            *(sys.executable, "-m", "substrate_gpu", "controller", "--namespace", "default"),
+            *("--refusal-grace", "1"),
+        ],
         env=env | _env(path),
         capture_output=True,
         text=True,
@@ -144,5 +148,16 @@ def test_the_command_exits_1_at_once_with_one_line_and_no_traceback(
     assert "Traceback" not in result.stderr
     [line] = [x for x in result.stderr.splitlines() if x.startswith("substrate-gpu: error:")]
     assert str(path) in line and "401 Unauthorized" in line
-    # kopf would have retried every 60 s; the start-up (imports) is all that remains.
+    # kopf would have retried every 60 s; the start-up (imports) and the grace remain.
     assert elapsed < 30, elapsed
+
+
+async def test_a_refusal_is_retried_for_the_grace_period_first(
+    apiserver: KubeApiServer, workerpool_crd: None, tmp_path: Path
+) -> None:
+    """A fresh API server refuses for a moment (its caches syncing): 401 is final only later."""
+    path = _kubeconfig_for(apiserver, tmp_path / "kubeconfig")
+    started = time.monotonic()
+    with pytest.raises(credentials.CredentialsError):
+        await credentials.ensure_access(["default"], _env(path), refusal_grace=1.0)
+    assert time.monotonic() - started >= 1.0
