@@ -40,15 +40,33 @@ from substrate_gpu.pools import model
 from substrate_gpu.pools.problems import Code
 
 __all__ = [
+    "ACTORS_RANGE",
+    "AT_LEAST_ONE",
     "COUNT_PATTERN",
+    "EXTENDED_LIMIT",
+    "GPU_OVERSUBSCRIBED",
+    "MPS_CLIENTS_MISSING",
+    "MPS_CLIENTS_RANGE",
+    "MPS_CLIENTS_WITHOUT_MPS",
+    "MPS_ONE_GPU",
+    "NOT_NEGATIVE",
+    "POOL_NAME_TOO_LONG",
     "QUANTITY_PATTERN",
     "RESERVED_DOMAINS",
+    "RESERVED_KEYS",
+    "RESOURCE_COUNT",
+    "RESOURCE_QUANTITY",
     "RULES",
+    "SANDBOX_CLASS_UNKNOWN",
+    "SHARING_STRATEGY_UNKNOWN",
+    "SHARING_WITHOUT_GPU",
+    "WORKERS_MISSING",
     "CelRule",
     "Message",
     "conflict_message",
     "first_entry",
     "first_key",
+    "gpu_support_message",
 ]
 
 COUNT_PATTERN = r"^[1-9][0-9]{0,8}$"

@@ -147,6 +147,16 @@ def test_node_agent_manifest_passes_server_side_dry_run(admin: KubeClient) -> No
     assert response.status in (200, 201), response.body
 
 
+def test_controller_manifest_passes_server_side_dry_run(admin: KubeClient) -> None:
+    """deploy/controller.yaml: account, ClusterRole, binding and Deployment pass admission."""
+    admin.create_namespace(manifests.AGENT_NAMESPACE)
+    docs = _docs(REPO / "deploy" / "controller.yaml")
+    assert {d["kind"] for d in docs} >= {"ServiceAccount", "ClusterRole", "Deployment"}
+    for doc in docs:
+        response = admin.apply(doc, dry_run=True)
+        assert response.status in (200, 201), (doc["kind"], response.body)
+
+
 @pytest.mark.parametrize(
     "path", sorted((REPO / "deploy" / "rendered").glob("*.yaml")), ids=lambda p: p.name
 )

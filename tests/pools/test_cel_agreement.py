@@ -8,6 +8,8 @@ server rejects them before any CEL rule runs.
 
 from __future__ import annotations
 
+import re
+import string
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -42,6 +44,40 @@ def test_cel_agrees_with_python(doc: dict, codes: set[Code]) -> None:
     """CEL and Python report the same codes, and both the expected ones."""
     python = {p.code for p in validate_document(doc).errors}
     assert (cel_codes(doc), python) == (codes, codes)
+
+
+def _worded_by(message: rules.Message, text: str) -> bool:
+    """Whether ``text`` is ``message``'s template with its placeholders filled."""
+    pattern = "".join(
+        re.escape(literal) + ("(.+)" if name else "")
+        for literal, name, _, _ in string.Formatter().parse(message.template)
+    )
+    return re.fullmatch(pattern, text) is not None
+
+
+@pytest.mark.parametrize(("doc", "codes"), SEMANTIC_CASES)
+def test_each_problem_is_worded_by_a_failing_rule_of_its_field(doc: dict, codes: set[Code]) -> None:
+    """Every problem's field and message are those of a CEL rule that fails on the document."""
+    failing = [
+        rule
+        for rule, program in PROGRAMS
+        if program.execute({"self": doc if rule.scope == "root" else doc["spec"]}) is False
+    ]
+    for problem in validate_document(doc).errors:
+        assert any(
+            (rule.code, rule.path) == (problem.code, problem.path)
+            and _worded_by(rule.message, problem.message)
+            for rule in failing
+        ), problem
+
+
+def test_a_message_with_values_is_one_cel_format_call() -> None:
+    """Literal text is escaped for CEL and format(); values are printed with %s."""
+    message = rules.Message('50% "of" {count}', {"count": "self.n * 2"})
+    assert message.cel() == '"50%% \\"of\\" %s".format([self.n * 2])'
+    assert message.format(count=4) == '50% "of" 4'
+    assert message.to_validation() == {"messageExpression": message.cel()}
+    assert rules.Message("fixed").to_validation() == {"message": "fixed"}
 
 
 def test_every_semantic_code_has_a_cel_rule() -> None:
