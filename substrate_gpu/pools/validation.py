@@ -8,6 +8,8 @@ Two layers, in one walk:
    per sandbox class, limits equal to requests for extended resources, positive counts,
    GPU oversubscription, MPS consistency, reserved keys. A semantic check only looks at
    fields that are well typed, as the API server only runs CEL on schema-valid objects.
+   Its problem is worded by the CEL rule's own :class:`~.rules.Message`, on the rule's
+   field, so ``pool validate`` and the API server say the same thing.
 
 Warnings (never blocking, Python only): a GPU pool whose worker image looks distroless,
 where ``nvidia-ctk`` (a glibc binary) cannot run.
