@@ -119,8 +119,8 @@ async def test_an_unreachable_api_server_is_retried_not_fatal(
     document["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
     path.write_text(yaml.safe_dump(document))
     attempt = asyncio.ensure_future(credentials.ensure_access(["default"], _env(path)))
-    # Two attempts fit in 0.5 s + a connection refusal each.
-    done, _ = await asyncio.wait([attempt], timeout=1.5)
+    # A connection refused, the 0.5 s back-off, refused again: still waiting, no error.
+    done, _ = await asyncio.wait([attempt], timeout=1.0)
     attempt.cancel()
     assert done == set()
 
@@ -159,5 +159,5 @@ async def test_a_refusal_is_retried_for_the_grace_period_first(
     path = _kubeconfig_for(apiserver, tmp_path / "kubeconfig")
     started = time.monotonic()
     with pytest.raises(credentials.CredentialsError):
-        await credentials.ensure_access(["default"], _env(path), refusal_grace=1.0)
-    assert time.monotonic() - started >= 1.0
+        await credentials.ensure_access(["default"], _env(path), refusal_grace=0.5)
+    assert time.monotonic() - started >= 0.5
