@@ -36,6 +36,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="wait before retrying a failed reconcile (default: %(default)s)",
     )
     parser.add_argument(
+        "--refusal-grace",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help=(
+            "at start, give up (exit 1) once the API server has refused the credentials "
+            "(401/403) for this long (default: %(default)s); an unreachable server is waited for"
+        ),
+    )
+    parser.add_argument(
         "--liveness-endpoint",
         metavar="URL",
         help="serve kopf's health check here, e.g. http://0.0.0.0:8080/healthz",
@@ -53,6 +63,8 @@ def _run(args: argparse.Namespace) -> int:
             namespaces=tuple(args.namespace),
             retry_delay=args.retry_delay,
             liveness_endpoint=args.liveness_endpoint,
+            refusal_grace=args.refusal_grace,
         ),
+        os.environ,
     )
     return 0

@@ -4,6 +4,8 @@ Module map:
 
 - :mod:`.reconcile`: pure decisions: the Deployment a pool wants, or why it is rejected,
   and the status the user reads;
+- :mod:`.credentials`: the start-up check of the credentials (fatal refusals, waited-for
+  outages) before kopf takes over;
 - :mod:`.kube`: the Deployment API calls (server-side apply, owned delete);
 - :mod:`.operator`: the kopf handlers and settings that tie them to the API server.
 

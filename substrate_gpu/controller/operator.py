@@ -31,7 +31,7 @@ from typing import Any
 import kopf
 import structlog
 
-from substrate_gpu.controller import kube, reconcile
+from substrate_gpu.controller import credentials, kube, reconcile
 from substrate_gpu.pools import crd, model, shaping
 
 __all__ = [
@@ -59,6 +59,8 @@ class ControllerOptions:
     retry_delay: float = 5.0
     """Seconds before a failed reconcile (API server away, 5xx, 409) is tried again."""
     liveness_endpoint: str | None = None
+    refusal_grace: float = credentials.REFUSAL_GRACE_S
+    """Seconds a 401 or 403 at start may last before the controller gives up (exit 1)."""
     """kopf's health endpoint, e.g. ``http://0.0.0.0:8080/healthz``; ``None`` for none."""
 
 
@@ -76,6 +78,10 @@ def operator_settings(options: ControllerOptions) -> kopf.OperatorSettings:
     settings.watching.reconnect_backoff = 0.5
     settings.networking.error_backoffs = (0.5, 1, 2, 3, 5)
     settings.networking.request_timeout = 60
+    # Watching named namespaces needs no namespace listing (kopf would try it, and without
+    # the right to, retry it through every back-off above, ~12 s, before falling back).
+    # The CRD is known to exist by then (:func:`.credentials.ensure_access` waits for it).
+    settings.scanning.disabled = bool(options.namespaces)
     return settings
 
 
@@ -142,11 +148,24 @@ def _conditions(raw: object) -> Sequence[Mapping[str, object]]:
     return [c for c in raw if isinstance(c, Mapping)]
 
 
-def run_controller(pool_settings: shaping.ControllerSettings, options: ControllerOptions) -> None:
-    """Run until SIGTERM or SIGINT (kopf handles both and finishes in-flight handlers)."""
+def run_controller(
+    pool_settings: shaping.ControllerSettings,
+    options: ControllerOptions,
+    environ: Mapping[str, str],
+) -> None:
+    """Run until SIGTERM or SIGINT (kopf handles both and finishes in-flight handlers).
+
+    Raises :class:`~.credentials.CredentialsError` before kopf starts when the credentials
+    cannot work (see :mod:`.credentials`); an unreachable API server is waited for.
+    """
     registry = build_registry(pool_settings, options)
-    asyncio.run(
-        kopf.operator(
+
+    async def main() -> None:
+        source = await credentials.ensure_access(
+            options.namespaces, environ, refusal_grace=options.refusal_grace
+        )
+        _log.info("controller starting", server=source.server, credentials=source.description)
+        await kopf.operator(
             registry=registry,
             settings=operator_settings(options),
             standalone=True,
@@ -154,4 +173,5 @@ def run_controller(pool_settings: shaping.ControllerSettings, options: Controlle
             namespaces=options.namespaces,
             liveness_endpoint=options.liveness_endpoint,
         )
-    )
+
+    asyncio.run(main())

@@ -71,7 +71,8 @@ def render_crd() -> dict[str, object]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            # Declared so the pool-name rule can name metadata.name (its fieldPath).
+            "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
             "spec": spec_schema,
             "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
         },

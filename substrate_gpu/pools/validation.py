@@ -8,6 +8,8 @@ Two layers, in one walk:
    per sandbox class, limits equal to requests for extended resources, positive counts,
    GPU oversubscription, MPS consistency, reserved keys. A semantic check only looks at
    fields that are well typed, as the API server only runs CEL on schema-valid objects.
+   Its problem is worded by the CEL rule's own :class:`~.rules.Message`, on the rule's
+   field, so ``pool validate`` and the API server say the same thing.
 
 Warnings (never blocking, Python only): a GPU pool whose worker image looks distroless,
 where ``nvidia-ctk`` (a glibc binary) cannot run.
@@ -55,8 +57,16 @@ class _Collector:
         self.errors: list[Problem] = []
         self.warnings: list[Problem] = []
 
-    def error(self, path: Sequence[PathPart], code: Code, message: str) -> None:
-        self.errors.append(Problem(field_path(path), message, code))
+    def error(
+        self,
+        path: Sequence[PathPart],
+        code: Code,
+        message: str | rules.Message,
+        **values: object,
+    ) -> None:
+        """Record an error; a :class:`~.rules.Message` is the CEL rule's own text, filled in."""
+        text = message.format(**values) if isinstance(message, rules.Message) else message
+        self.errors.append(Problem(field_path(path), text, code))
 
     def warn(self, path: Sequence[PathPart], code: Code, message: str) -> None:
         self.warnings.append(Problem(field_path(path), message, code))
@@ -215,21 +225,17 @@ def _gpu_value(spec: Mapping[str, object]) -> tuple[list[PathPart], object] | No
 
 def _check_counts(spec: Mapping[str, object], out: _Collector, *, written: frozenset[str]) -> None:
     if "maxWorkers" in spec and cast("int", spec["maxWorkers"]) < 1:
-        out.error(["spec", "maxWorkers"], Code.WORKER_COUNT, "must be at least 1")
+        out.error(["spec", "maxWorkers"], Code.WORKER_COUNT, rules.AT_LEAST_ONE)
     if "replicas" in spec and cast("int", spec["replicas"]) < 0:
-        out.error(["spec", "replicas"], Code.WORKER_COUNT, "must not be negative")
+        out.error(["spec", "replicas"], Code.WORKER_COUNT, rules.NOT_NEGATIVE)
     if "maxActorsPerWorker" in spec and not 1 <= cast("int", spec["maxActorsPerWorker"]) <= 4094:
-        out.error(["spec", "maxActorsPerWorker"], Code.WORKER_COUNT, "must be between 1 and 4094")
+        out.error(["spec", "maxActorsPerWorker"], Code.WORKER_COUNT, rules.ACTORS_RANGE)
     sharing = _m(spec.get("gpuSharing"))
     if "gpuCapacity" in sharing and cast("int", sharing["gpuCapacity"]) < 1:
-        out.error(["spec", "gpuSharing", "gpuCapacity"], Code.WORKER_COUNT, "must be at least 1")
+        out.error(["spec", "gpuSharing", "gpuCapacity"], Code.WORKER_COUNT, rules.AT_LEAST_ONE)
     # Presence, not validity: an ill-typed maxWorkers is a type error, not a missing one.
     if "maxWorkers" not in written and "replicas" not in written:
-        out.error(
-            ["spec", "maxWorkers"],
-            Code.WORKERS_REQUIRED,
-            "is required (or replicas): the number of worker pods",
-        )
+        out.error(["spec", "maxWorkers"], Code.WORKERS_REQUIRED, rules.WORKERS_MISSING)
 
 
 def _check_conflicts(spec: Mapping[str, object], out: _Collector) -> None:
@@ -244,53 +250,61 @@ def _check_conflicts(spec: Mapping[str, object], out: _Collector) -> None:
             out.error(
                 ["spec", flat],
                 Code.CONFLICTING_FIELDS,
-                f"set either {flat} (flat form) or {'.'.join(upstream)} (upstream form), not both",
+                rules.conflict_message(flat, ".".join(upstream)),
             )
 
 
 def _check_resources(spec: Mapping[str, object], out: _Collector) -> None:
     for path, values in _resource_maps(spec):
-        for name, value in values.items():
-            if model.is_extended_resource(name):
-                if not _count_ok(value):
-                    out.error(
-                        [*path, name],
-                        Code.RESOURCE_COUNT,
-                        f"must be a positive whole number of {name}, not {value!r}",
-                    )
-            elif _QUANTITY.fullmatch(str(value)) is None:
-                out.error(
-                    [*path, name],
-                    Code.RESOURCE_QUANTITY,
-                    f"{value!r} is not a Kubernetes quantity (such as 500m, 2 or 4Gi)",
-                )
+        field = field_path(path[1:])
+        not_counts = {
+            name: value
+            for name, value in values.items()
+            if model.is_extended_resource(name) and not _count_ok(value)
+        }
+        if not_counts:
+            found = rules.first_entry(not_counts)
+            out.error(path, Code.RESOURCE_COUNT, rules.RESOURCE_COUNT[field], found=found)
+        not_quantities = {
+            name: value
+            for name, value in values.items()
+            if not model.is_extended_resource(name) and _QUANTITY.fullmatch(str(value)) is None
+        }
+        if not_quantities:
+            found = rules.first_entry(not_quantities)
+            out.error(path, Code.RESOURCE_QUANTITY, rules.RESOURCE_QUANTITY[field], found=found)
+        for resource in model.GPU_RESOURCES:
+            if resource in values and _sandbox_class(spec) not in _supporting(resource):
+                out.error(path, Code.GPU_SANDBOX_CLASS, rules.gpu_support_message(resource))
     resources = _m(_m(spec.get("template")).get("resources"))
     if "requests" in resources:
         limits = _m(resources.get("limits"))
-        for name, value in _m(resources["requests"]).items():
-            if model.is_extended_resource(name) and (
-                name not in limits or str(limits[name]) != str(value)
-            ):
-                out.error(
-                    ["spec", "template", "resources", "limits", name],
-                    Code.EXTENDED_LIMIT,
-                    f"must equal the request ({value}): Kubernetes admits a request for an "
-                    "extended resource only with an equal limit",
-                )
+        unmatched = {
+            name: value
+            for name, value in _m(resources["requests"]).items()
+            if model.is_extended_resource(name)
+            and (name not in limits or str(limits[name]) != str(value))
+        }
+        if unmatched:
+            out.error(
+                ["spec", "template", "resources", "limits"],
+                Code.EXTENDED_LIMIT,
+                rules.EXTENDED_LIMIT,
+                found=rules.first_entry(unmatched),
+            )
 
 
-def _check_gpu_support(spec: Mapping[str, object], out: _Collector) -> None:
-    sandbox_class = spec.get("sandboxClass", model.DEFAULT_SANDBOX_CLASS)
-    if sandbox_class not in ("gvisor", "microvm"):
-        out.error(["spec", "sandboxClass"], Code.SANDBOX_CLASS, "must be 'gvisor' or 'microvm'")
-    for path, values in _resource_maps(spec):
-        for resource, support in model.GPU_RESOURCES.items():
-            if resource in values and sandbox_class not in support.sandbox_classes:
-                out.error(
-                    [*path, resource],
-                    Code.GPU_SANDBOX_CLASS,
-                    model.gpu_support_message(resource),
-                )
+def _sandbox_class(spec: Mapping[str, object]) -> object:
+    return spec.get("sandboxClass", model.DEFAULT_SANDBOX_CLASS)
+
+
+def _supporting(resource: str) -> frozenset[str]:
+    return model.GPU_RESOURCES[resource].sandbox_classes
+
+
+def _check_sandbox_class(spec: Mapping[str, object], out: _Collector) -> None:
+    if _sandbox_class(spec) not in ("gvisor", "microvm"):
+        out.error(["spec", "sandboxClass"], Code.SANDBOX_CLASS, rules.SANDBOX_CLASS_UNKNOWN)
 
 
 def _check_sharing(spec: Mapping[str, object], out: _Collector) -> None:
@@ -301,42 +315,23 @@ def _check_sharing(spec: Mapping[str, object], out: _Collector) -> None:
     strategy = sharing.get("strategy", "exclusive")
     clients = sharing.get("clientsPerGpu")
     if strategy not in ("exclusive", "mps"):
-        out.error([*base, "strategy"], Code.SHARING_STRATEGY, "must be 'exclusive' or 'mps'")
+        out.error([*base, "strategy"], Code.SHARING_STRATEGY, rules.SHARING_STRATEGY_UNKNOWN)
     if strategy == "mps" and clients is None:
-        out.error(
-            [*base, "clientsPerGpu"],
-            Code.MPS_CLIENTS_REQUIRED,
-            "is required with strategy mps: how many workers share one GPU",
-        )
+        out.error([*base, "clientsPerGpu"], Code.MPS_CLIENTS_REQUIRED, rules.MPS_CLIENTS_MISSING)
     if clients is not None:
         if strategy != "mps":
             out.error(
-                [*base, "clientsPerGpu"],
-                Code.MPS_CLIENTS_UNEXPECTED,
-                "is only meaningful with strategy mps (exclusive gives each worker its GPUs)",
+                [*base, "clientsPerGpu"], Code.MPS_CLIENTS_UNEXPECTED, rules.MPS_CLIENTS_WITHOUT_MPS
             )
         if not 2 <= cast("int", clients) <= 48:
-            out.error(
-                [*base, "clientsPerGpu"],
-                Code.MPS_CLIENTS_RANGE,
-                "must be between 2 and 48 (NVIDIA MPS's client limit)",
-            )
+            out.error([*base, "clientsPerGpu"], Code.MPS_CLIENTS_RANGE, rules.MPS_CLIENTS_RANGE)
     gpu = _gpu_value(spec)
     if gpu is None:
-        out.error(
-            base,
-            Code.SHARING_WITHOUT_GPU,
-            "is set but the pool requests no nvidia.com/gpu: remove it, or request a GPU",
-        )
+        out.error(base, Code.SHARING_WITHOUT_GPU, rules.SHARING_WITHOUT_GPU)
         return
-    gpu_path, gpu_value = gpu
+    gpu_value = gpu[1]
     if strategy == "mps" and str(gpu_value) != "1":
-        out.error(
-            gpu_path,
-            Code.MPS_SINGLE_GPU,
-            "must be 1 with gpuSharing.strategy mps: the NVIDIA device plugin refuses more "
-            "than one shared GPU per container",
-        )
+        out.error([*base, "strategy"], Code.MPS_SINGLE_GPU, rules.MPS_ONE_GPU)
     capacity = sharing.get("gpuCapacity")
     workers = spec.get("maxWorkers", spec.get("replicas"))
     if capacity is None or workers is None or not _count_ok(gpu_value):
@@ -349,13 +344,16 @@ def _check_sharing(spec: Mapping[str, object], out: _Collector) -> None:
         return
     needed = cast("int", workers) * int(str(gpu_value))
     if needed > slots:
-        field = "maxWorkers" if "maxWorkers" in spec else "replicas"
         out.error(
-            ["spec", field],
+            [*base, "gpuCapacity"],
             Code.GPU_OVERSUBSCRIBED,
-            f"{workers} workers x {gpu_value} GPU need {needed} GPU slots but "
-            f"gpuSharing.gpuCapacity provides {slots} ({strategy}): lower {field}, "
-            "or share GPUs with strategy mps",
+            rules.GPU_OVERSUBSCRIBED,
+            workers=workers,
+            gpus=gpu_value,
+            needed=needed,
+            slots=slots,
+            strategy=strategy,
+            field="maxWorkers" if "maxWorkers" in spec else "replicas",
         )
 
 
@@ -366,13 +364,18 @@ def _check_reserved_keys(spec: Mapping[str, object], out: _Collector) -> None:
         (["spec", "template", "annotations"], _m(template.get("annotations"))),
         (["spec", "template", "labels"], _m(template.get("labels"))),
     ]:
-        for key in values:
-            if any(key.startswith(f"{d}/") or f".{d}/" in key for d in rules.RESERVED_DOMAINS):
-                out.error(
-                    [*path, key],
-                    Code.RESERVED_KEY,
-                    "is reserved: the ate.dev and substrate.io domains belong to the controller",
-                )
+        reserved = [
+            key
+            for key in values
+            if any(key.startswith(f"{d}/") or f".{d}/" in key for d in rules.RESERVED_DOMAINS)
+        ]
+        if reserved:
+            out.error(
+                path,
+                Code.RESERVED_KEY,
+                rules.RESERVED_KEYS[field_path(path[1:])],
+                keys=rules.first_key(reserved),
+            )
 
 
 def _check_image(spec: Mapping[str, object], out: _Collector) -> None:
@@ -407,11 +410,7 @@ def validate_document(doc: object) -> ValidationReport:
         if not isinstance(name, str) or not name:
             out.error(["metadata", "name"], Code.REQUIRED, "is required")
         elif len(name) > 63:
-            out.error(
-                ["metadata", "name"],
-                Code.POOL_NAME,
-                "must be at most 63 characters: it is the worker-pool label value",
-            )
+            out.error(["metadata", "name"], Code.POOL_NAME, rules.POOL_NAME_TOO_LONG)
         namespace = metadata.get("namespace")
         if namespace is not None and not isinstance(namespace, str):
             out.error(["metadata", "namespace"], Code.TYPE, "must be a string")
@@ -423,7 +422,7 @@ def validate_document(doc: object) -> ValidationReport:
     _check_counts(spec, out, written=frozenset(str(k) for k in raw_spec))
     _check_conflicts(spec, out)
     _check_resources(spec, out)
-    _check_gpu_support(spec, out)
+    _check_sandbox_class(spec, out)
     _check_sharing(spec, out)
     _check_reserved_keys(spec, out)
     _check_image(spec, out)

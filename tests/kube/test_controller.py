@@ -2,7 +2,8 @@
 
 The controller runs as a child process with the ServiceAccount, ClusterRole and binding
 of ``deploy/controller.yaml`` (a TokenRequest token), so every test also proves that
-RBAC is enough. Each test watches its own namespace.
+RBAC is enough. The create/update/delete tests share one controller and one namespace
+(each with its own pool); the rejection and restart tests start their own.
 
 What this API server cannot show: there is no kube-controller-manager, so Deployments
 make no Pods (``status.replicas`` is what the Deployment asks for, not running workers)
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,11 +23,17 @@ from typing import Any
 import pytest
 import yaml
 from pools.pool_cases import flat, pool
-from support.kube_apiserver import KubeApiServer, KubeClient, install_crd, running_apiserver
+from support.kube_apiserver import KubeApiServer, KubeClient
 from support.kube_controller import ControllerProcess
 
 from substrate_gpu.controller import operator, reconcile
-from substrate_gpu.pools import ControllerSettings, load_pool, manifests, render_worker_deployment
+from substrate_gpu.pools import (
+    ControllerSettings,
+    load_pool,
+    manifests,
+    render_worker_deployment,
+    validate_document,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER_IMAGE = "ateom:test"
@@ -68,11 +76,23 @@ def start_controller(
     return controller
 
 
-@pytest.fixture
-def controller(kubeconfig: Path, namespace: str, tmp_path: Path) -> Iterator[ControllerProcess]:
-    process = start_controller(kubeconfig, namespace, tmp_path / "controller.log")
+@pytest.fixture(scope="module")
+def watched(admin: KubeClient) -> str:
+    """One namespace for the tests that share :func:`controller` (each uses its own pools)."""
+    name = f"watched-{int(time.time() * 1000) % 100000}"
+    admin.create_namespace(name)
+    return name
+
+
+@pytest.fixture(scope="module")
+def controller(
+    kubeconfig: Path, watched: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControllerProcess]:
+    """One controller for the create/update/delete tests: starting one takes seconds."""
+    log = tmp_path_factory.mktemp("controller") / "controller.log"
+    process = start_controller(kubeconfig, watched, log)
     yield process
-    process.stop()
+    process.kill()  # a graceful stop takes kopf a second or two, and proves nothing here
 
 
 # --- reading the cluster ----------------------------------------------------------------
@@ -82,8 +102,11 @@ def pool_path(namespace: str, name: str = "") -> str:
     return f"{POOLS}/namespaces/{namespace}/workerpools" + (f"/{name}" if name else "")
 
 
-def deployments(admin: KubeClient, namespace: str) -> list[dict[str, Any]]:
-    return list(admin.ok("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments")["items"])
+def deployments(admin: KubeClient, namespace: str, pool_name: str = "") -> list[dict[str, Any]]:
+    """The namespace's Deployments (only ``pool_name``'s when given)."""
+    found = admin.ok("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments")["items"]
+    wanted = reconcile.deployment_name(pool_name) if pool_name else None
+    return [d for d in found if wanted in (None, d["metadata"]["name"])]
 
 
 def condition(body: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -149,12 +172,13 @@ def without_server_fields(deployment: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_new_pool_gets_one_shaped_owned_deployment_and_a_ready_status(
-    admin: KubeClient, namespace: str, controller: ControllerProcess
+    admin: KubeClient, watched: str, controller: ControllerProcess
 ) -> None:
     """Create: the renderer's Deployment (GPU shape included), owned by the pool, Ready at gen 1."""
-    created = create_pool(admin, namespace, gpu_pool())
-    body = controller.wait_for("Ready", lambda: ready_at(admin, namespace, "gpu", 1))
-    [deployment] = deployments(admin, namespace)
+    namespace = watched
+    created = create_pool(admin, namespace, gpu_pool("created"))
+    body = controller.wait_for("Ready", lambda: ready_at(admin, namespace, "created", 1))
+    [deployment] = deployments(admin, namespace, "created")
     want = expected_deployment(created)
     assert without_server_fields(deployment) == without_server_fields(want)
     # The whole pod template, after the API server's defaulting, is the renderer's.
@@ -177,65 +201,73 @@ def test_a_new_pool_gets_one_shaped_owned_deployment_and_a_ready_status(
     [owner] = deployment["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
         "WorkerPool",
-        "gpu",
+        "created",
         created["metadata"]["uid"],
         True,
     )
     assert body["status"]["replicas"] == 2
-    assert body["status"]["deployment"] == "gpu-workers"
+    assert body["status"]["deployment"] == "created-workers"
     assert condition(body, "Rejected")["status"] == "False"  # type: ignore[index]
     assert operator.FINALIZER in body["metadata"]["finalizers"]
 
 
 def test_an_updated_pool_updates_its_deployment_and_observed_generation(
-    admin: KubeClient, namespace: str, controller: ControllerProcess
+    admin: KubeClient, watched: str, controller: ControllerProcess
 ) -> None:
     """Update: maxWorkers 2 -> 5 reaches the Deployment, status follows generation 2."""
-    create_pool(admin, namespace, gpu_pool())
-    controller.wait_for("Ready", lambda: ready_at(admin, namespace, "gpu", 1))
+    namespace = watched
+    create_pool(admin, namespace, gpu_pool("updated"))
+    controller.wait_for("Ready", lambda: ready_at(admin, namespace, "updated", 1))
     admin.ok(
         "PATCH",
-        pool_path(namespace, "gpu"),
+        pool_path(namespace, "updated"),
         {"spec": {"maxWorkers": 5}},
         content_type="application/merge-patch+json",
     )
-    body = controller.wait_for("Ready at 2", lambda: ready_at(admin, namespace, "gpu", 2))
-    [deployment] = deployments(admin, namespace)
+    body = controller.wait_for("Ready at 2", lambda: ready_at(admin, namespace, "updated", 2))
+    [deployment] = deployments(admin, namespace, "updated")
     assert deployment["spec"]["replicas"] == 5
     assert body["status"]["replicas"] == 5
 
 
 def test_a_deleted_pool_takes_its_deployment_along(
-    admin: KubeClient, namespace: str, controller: ControllerProcess
+    admin: KubeClient, watched: str, controller: ControllerProcess
 ) -> None:
     """Delete: the controller deletes the Deployment itself (no garbage collector runs here)."""
-    create_pool(admin, namespace, gpu_pool())
-    controller.wait_for("Ready", lambda: ready_at(admin, namespace, "gpu", 1))
-    admin.ok("DELETE", pool_path(namespace, "gpu"))
+    namespace = watched
+    create_pool(admin, namespace, gpu_pool("deleted"))
+    controller.wait_for("Ready", lambda: ready_at(admin, namespace, "deleted", 1))
+    admin.ok("DELETE", pool_path(namespace, "deleted"))
     controller.wait_for(
         "the pool gone",
-        lambda: True if admin.request("GET", pool_path(namespace, "gpu")).status == 404 else None,
+        lambda: (
+            True if admin.request("GET", pool_path(namespace, "deleted")).status == 404 else None
+        ),
     )
-    assert deployments(admin, namespace) == []
+    assert deployments(admin, namespace, "deleted") == []
 
 
 def test_an_invalid_pool_is_refused_at_admission_and_never_reaches_the_controller(
-    admin: KubeClient, namespace: str, controller: ControllerProcess
+    admin: KubeClient, watched: str, controller: ControllerProcess
 ) -> None:
     """A GPU on a micro-VM pool: 422 from the API server's CEL, no object, no Deployment."""
+    namespace = watched
     doc = pool(flat("1", sandboxClass="microvm"), name="bad")
     doc["metadata"]["namespace"] = namespace
     response = admin.request("POST", pool_path(namespace), doc)
     assert response.status == 422
-    assert any(
-        "nvidia.com/gpu is only supported when sandboxClass is 'gvisor'" in c["message"]
-        for c in response.causes
-    )
+    # What `pool validate` says, on the same field.
+    [problem] = validate_document(doc).errors
+    assert problem.message == "nvidia.com/gpu is only supported when sandboxClass is 'gvisor'"
+    assert [(c["field"], c["message"]) for c in response.causes] == [
+        (problem.path, f"Invalid value: {problem.message}")
+    ]
     assert admin.request("GET", pool_path(namespace, "bad")).status == 404
     # Prove the controller is alive and watching, then that it made nothing for "bad".
     create_pool(admin, namespace, gpu_pool("good"))
     controller.wait_for("Ready", lambda: ready_at(admin, namespace, "good", 1))
-    assert [d["metadata"]["name"] for d in deployments(admin, namespace)] == ["good-workers"]
+    assert deployments(admin, namespace, "bad") == []
+    assert len(deployments(admin, namespace, "good")) == 1
 
 
 def test_a_pool_that_cannot_be_rendered_is_rejected_with_the_reason(
@@ -289,37 +321,42 @@ def test_a_controller_killed_mid_reconcile_converges_on_exactly_one_deployment(
     assert deployment["spec"]["replicas"] == 3
 
 
-def test_the_controller_converges_after_the_api_server_restarts(
-    kube_bin: Path, tmp_path: Path
+def test_the_controller_waits_for_the_api_server_and_converges_after_it_restarts(
+    apiserver: KubeApiServer, namespace: str, kubeconfig: Path, tmp_path: Path
 ) -> None:
-    """API server killed right after a pool is created, then started again: the controller
-    reconnects, reconciles the pool it missed and follows a later update."""
-    with running_apiserver(kube_bin, tmp_path / "kube") as server:
-        install_crd(server.admin)
-        namespace = "restart"
-        server.admin.create_namespace(namespace)
-        kubeconfig = controller_kubeconfig(server, tmp_path / "kubeconfig")
-        controller = start_controller(kubeconfig, namespace, tmp_path / "controller.log")
-        try:
-            create_pool(server.admin, namespace, gpu_pool(workers=1))
-            controller.wait_for("Ready", lambda: ready_at(server.admin, namespace, "gpu", 1))
-            create_pool(server.admin, namespace, gpu_pool("second", workers=2))
-            server.stop_apiserver(signal.SIGKILL)
-            server.start_apiserver()
-            controller.wait_for(
-                "second Ready", lambda: ready_at(server.admin, namespace, "second", 1)
-            )
-            server.admin.ok(
-                "PATCH",
-                pool_path(namespace, "gpu"),
-                {"spec": {"maxWorkers": 4}},
-                content_type="application/merge-patch+json",
-            )
-            controller.wait_for("Ready at 2", lambda: ready_at(server.admin, namespace, "gpu", 2))
-            replicas = {
-                d["metadata"]["name"]: d["spec"]["replicas"]
-                for d in deployments(server.admin, namespace)
-            }
-        finally:
-            controller.stop()
+    """Started while the API server is down, the controller waits (no exit); once it is up,
+    pools are reconciled; the API server killed right after a pool is created and started
+    again: the controller reconnects, reconciles the pool it missed, follows an update."""
+    admin = apiserver.admin
+    controller = ControllerProcess(
+        kubeconfig, namespace, tmp_path / "controller.log", CONTROLLER_ENV
+    )
+    try:
+        apiserver.stop_apiserver(signal.SIGKILL)  # a graceful stop takes seconds
+        controller.start()
+        controller.wait_for(
+            "the controller to wait for the API server",
+            lambda: True if "waiting for the API server" in controller.log_tail() else None,
+        )
+        apiserver.start_apiserver()
+        create_pool(admin, namespace, gpu_pool(workers=1))
+        controller.wait_for("Ready", lambda: ready_at(admin, namespace, "gpu", 1))
+        create_pool(admin, namespace, gpu_pool("second", workers=2))
+        apiserver.stop_apiserver(signal.SIGKILL)
+        apiserver.start_apiserver()
+        controller.wait_for("second Ready", lambda: ready_at(admin, namespace, "second", 1))
+        admin.ok(
+            "PATCH",
+            pool_path(namespace, "gpu"),
+            {"spec": {"maxWorkers": 4}},
+            content_type="application/merge-patch+json",
+        )
+        controller.wait_for("Ready at 2", lambda: ready_at(admin, namespace, "gpu", 2))
+        replicas = {
+            d["metadata"]["name"]: d["spec"]["replicas"] for d in deployments(admin, namespace)
+        }
+    finally:
+        controller.kill()
+        if apiserver.apiserver is None:  # the session's other tests need it
+            apiserver.start_apiserver()
     assert replicas == {"gpu-workers": 4, "second-workers": 2}

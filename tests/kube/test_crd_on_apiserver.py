@@ -2,29 +2,41 @@
 
 The API server is the judge here: its structural-schema check, its CEL compiler and cost
 estimator, its admission of every example pool, its CEL verdicts on the shared table of
-invalid pools (``tests/pools/pool_cases.py``), and its server-side dry-run of every
-rendered worker Deployment.
+invalid pools (``tests/pools/pool_cases.py``), which must be the validator's own messages
+on the validator's own fields, the schema checks that refuse ill-typed pools before any
+CEL rule, and its server-side dry-run of the controller's manifests and every rendered
+worker Deployment.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from pools.pool_cases import SEMANTIC_CASES, STRUCTURAL_CASES
-from support.kube_apiserver import KubeClient
+from support.kube_apiserver import KubeClient, Response
 
-from substrate_gpu.pools import crd, manifests, rules, shaping, validate_document, validation
+from substrate_gpu.pools import crd, manifests, shaping, validate_document, validation
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_FILES = sorted((REPO / "deploy" / "examples").glob("*.yaml")) + sorted(
     (REPO / "tests" / "data" / "pools" / "valid").glob("*.yaml")
 )
-RULE_BY_MESSAGE = {rule.message: rule for rule in rules.RULES}
 INVALID_CASES = [case for case in SEMANTIC_CASES if case.values[1]]
+CEL_CAUSE = re.compile(r'Invalid value: (?:"object": )?(?P<message>.*)', re.DOTALL)
+"""A CEL rule's message in a 422's causes (the type is left out where the rule has a fieldPath)."""
+SCHEMA_SAYS = {
+    "type": "must be of type",
+    "enum": "Unsupported value",
+    "minLength": "should be at least",
+    "maxLength": "Too long",
+    "required": "Required value",
+}
+"""The API server's wording for each structural check of pool_cases.STRUCTURAL_CASES."""
 
 
 def _docs(path: Path) -> list[dict[str, Any]]:
@@ -37,15 +49,24 @@ def _in_namespace(doc: dict[str, Any], namespace: str) -> dict[str, Any]:
     return moved
 
 
-def _cel_messages(causes: list[dict[str, Any]]) -> set[str]:
-    """The rule messages in a 422's causes (``Invalid value: "object": <message>``)."""
-    found = set()
-    for cause in causes:
-        message = cause.get("message", "")
-        for text in RULE_BY_MESSAGE:
-            if message.endswith(text):
-                found.add(text)
-    return found
+def _as_apiserver_path(path: str) -> str:
+    """The validator's ``a["b.c/d"]`` as the API server prints it: ``a.b.c/d``."""
+    return re.sub(r'\["([^"]*)"\]', r".\1", path)
+
+
+def _cel_message(cause: dict[str, Any]) -> str | None:
+    match = CEL_CAUSE.fullmatch(cause.get("message", ""))
+    return match.group("message") if match else None
+
+
+def _create(admin: KubeClient, namespace: str, doc: dict[str, Any]) -> Response:
+    # A create, not an apply: server-side apply cannot even type an ill-typed object (500).
+    return admin.request(
+        "POST",
+        f"/apis/{crd.model.API_VERSION}/namespaces/{namespace}/{crd.PLURAL}",
+        _in_namespace(doc, namespace),
+        query={"fieldValidation": "Strict", "dryRun": "All"},
+    )
 
 
 def test_crd_is_accepted_structural_and_established(
@@ -80,34 +101,52 @@ def test_every_example_pool_is_admitted(
 
 
 @pytest.mark.parametrize(("doc", "codes"), INVALID_CASES)
-def test_the_api_server_rejects_each_invalid_pool_by_cel_as_python_does(
+def test_the_api_server_rejects_each_invalid_pool_with_the_validators_messages(
     admin: KubeClient, workerpool_crd: None, namespace: str, doc: dict[str, Any], codes: set[Any]
 ) -> None:
-    """A pool the validator refuses is refused at admission, by the CEL rules of the same codes."""
+    """Each problem `pool validate` reports, the API server's CEL reports: same field, same
+    message (values filled in by messageExpression), and nothing else."""
     python = validate_document(doc).errors
-    response = admin.apply(_in_namespace(doc, namespace))
+    assert {p.code for p in python} == codes
+    response = _create(admin, namespace, doc)
     assert response.status == 422, response.body
-    messages = _cel_messages(response.causes)
-    assert messages, f"no CEL message in {response.causes}"
-    assert {RULE_BY_MESSAGE[m].code for m in messages} == {p.code for p in python} == codes
-    # The API server reports the rule's own message, which `pool validate` names by code.
-    assert all(any(m in cause.get("message", "") for cause in response.causes) for m in messages)
-
-
-@pytest.mark.parametrize(("doc", "codes"), STRUCTURAL_CASES)
-def test_the_api_server_rejects_each_ill_typed_pool_by_schema(
-    admin: KubeClient, workerpool_crd: None, namespace: str, doc: dict[str, Any], codes: set[Any]
-) -> None:
-    """Structural problems are refused by the openAPIV3Schema, before any CEL rule."""
-    # A create, not an apply: server-side apply cannot even type an ill-typed object (500).
-    response = admin.request(
-        "POST",
-        f"/apis/{crd.model.API_VERSION}/namespaces/{namespace}/{crd.PLURAL}",
-        _in_namespace(doc, namespace),
-        query={"fieldValidation": "Strict"},
+    assert sorted((c.get("field"), _cel_message(c)) for c in response.causes) == sorted(
+        (p.path, p.message) for p in python
     )
+
+
+@pytest.mark.parametrize(("doc", "codes", "check"), STRUCTURAL_CASES)
+def test_the_api_server_rejects_each_ill_typed_pool_by_schema_before_cel(
+    admin: KubeClient,
+    workerpool_crd: None,
+    namespace: str,
+    doc: dict[str, Any],
+    codes: set[Any],
+    check: str,
+) -> None:
+    """Ill-typed pools are refused by the schema check the table names, on the validator's
+    field, in the API server's own words (CEL only ever sees a well-typed object)."""
+    (problem,) = validate_document(doc).errors
+    field = _as_apiserver_path(problem.path)
+    response = _create(admin, namespace, doc)
+    if check == "unknown":
+        assert response.status == 400, response.body
+        assert f'unknown field "{field}"' in response.body["message"]
+        return
     assert response.status == 422, response.body
-    assert _cel_messages(response.causes) == set()
+    assert any(
+        c.get("field") == field and SCHEMA_SAYS[check] in c["message"] for c in response.causes
+    ), response.causes
+
+
+def test_controller_manifest_passes_server_side_dry_run(admin: KubeClient) -> None:
+    """deploy/controller.yaml: account, ClusterRole, binding and Deployment pass admission."""
+    admin.create_namespace(manifests.AGENT_NAMESPACE)
+    docs = _docs(REPO / "deploy" / "controller.yaml")
+    assert {d["kind"] for d in docs} >= {"ServiceAccount", "ClusterRole", "Deployment"}
+    for doc in docs:
+        response = admin.apply(doc, dry_run=True)
+        assert response.status in (200, 201), (doc["kind"], response.body)
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,9 @@
 """One table of WorkerPool cases, shared by the Python validator's tests and the CEL tests.
 
 ``SEMANTIC_CASES`` are schema-valid documents with the set of codes both the Python
-validator and the CRD's CEL rules must report; ``STRUCTURAL_CASES`` are schema-invalid
-documents (the CRD's openAPIV3Schema rejects them before any CEL rule runs).
+validator and the CRD's CEL rules must report (and the API server must answer with the
+validator's messages on the validator's fields); ``STRUCTURAL_CASES`` are schema-invalid
+documents, with the schema check that rejects each before any CEL rule runs.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def sharing(**settings: Any) -> dict[str, Any]:
 
 
 G = "nvidia.com/gpu"
+W1 = {"maxWorkers": 1}
+OTHER_GPUS = {"amd.com/gpu": 1, "gpu.intel.com/i915": 1, "gpu.intel.com/xe": 1}
 
 SEMANTIC_CASES = [
     # --- accepted as written ---------------------------------------------------------
@@ -134,6 +137,17 @@ SEMANTIC_CASES = [
         pool(upstream(None, {"gpu.intel.com/xe": 1})),
         {Code.GPU_SANDBOX_CLASS},
         id="intel-xe-on-gvisor",
+    ),
+    # Each map is checked for each vendor (the problem names the map it is written in).
+    pytest.param(
+        pool({"resourceRequests": {"gpu.intel.com/i915": "1", "gpu.intel.com/xe": "1"}} | W1),
+        {Code.GPU_SANDBOX_CLASS},
+        id="intel-flat",
+    ),
+    pytest.param(
+        pool(upstream(OTHER_GPUS, OTHER_GPUS)),
+        {Code.GPU_SANDBOX_CLASS},
+        id="other-vendors-in-requests-and-limits",
     ),
     # --- Kubernetes' extended-resource rule ------------------------------------------
     pytest.param(pool(upstream({G: 1}, None)), {Code.EXTENDED_LIMIT}, id="request-without-limit"),
@@ -297,14 +311,19 @@ SEMANTIC_CASES = [
 ]
 
 STRUCTURAL_CASES = [
+    # The API server decides these before any CEL rule runs (CEL only ever sees well-typed
+    # objects), so its message is its own, not the validator's; the third value names the
+    # check that refuses each, and the API server test holds it to that check, on the field
+    # the validator names.
     # Counts are integers, not strings (only quantities are int-or-string).
-    pytest.param(pool(flat(maxWorkers="10")), {Code.TYPE}, id="string-max-workers"),
+    pytest.param(pool(flat(maxWorkers="10")), {Code.TYPE}, "type", id="string-max-workers"),
     # YAML's true is not 1.
-    pytest.param(pool(flat(True)), {Code.TYPE}, id="bool-gpus"),
-    pytest.param(pool(flat(1.5)), {Code.TYPE}, id="float-gpus"),
+    pytest.param(pool(flat(True)), {Code.TYPE}, "type", id="bool-gpus"),
+    pytest.param(pool(flat(1.5)), {Code.TYPE}, "type", id="float-gpus"),
     pytest.param(
         pool({"resourceRequests": ["nvidia.com/gpu"], "maxWorkers": 1}),
         {Code.TYPE},
+        "type",
         id="list-resources",
     ),
     pytest.param(
@@ -313,15 +332,20 @@ STRUCTURAL_CASES = [
             | {"template": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Maybe"}]}}
         ),
         {Code.TYPE},
+        "enum",
         id="bad-toleration-operator",
     ),
-    pytest.param(pool(flat(ateomImage="")), {Code.TYPE}, id="empty-image"),
-    pytest.param(pool(flat(nodeSelector={"a": 1})), {Code.TYPE}, id="int-label-value"),
+    pytest.param(pool(flat(ateomImage="")), {Code.TYPE}, "minLength", id="empty-image"),
+    pytest.param(pool(flat(nodeSelector={"a": 1})), {Code.TYPE}, "type", id="int-label-value"),
     # Quantities are bounded (the API server's CEL cost estimate depends on it).
-    pytest.param(pool(flat("1" * 65)), {Code.TYPE}, id="overlong-quantity"),
+    pytest.param(pool(flat("1" * 65)), {Code.TYPE}, "maxLength", id="overlong-quantity"),
     pytest.param(
         {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "p"}},
         {Code.REQUIRED},
+        "required",
         id="missing-spec",
     ),
+    # A misspelt field: the schema would prune it; strict field validation (kubectl's
+    # default) refuses the request while decoding it.
+    pytest.param(pool(flat(maxWorker=3)), {Code.UNKNOWN_FIELD}, "unknown", id="misspelt-field"),
 ]

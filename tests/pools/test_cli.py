@@ -32,7 +32,10 @@ def test_validate_reports_all_errors_of_all_files(capsys: pytest.CaptureFixture[
         capsys, "validate", DATA / "invalid" / "microvm-gpu.yaml", DATA / "invalid" / "several.yaml"
     )
     assert code == EXIT_INVALID
-    assert 'microvm-gpu.yaml: error: spec.template.resources.limits["nvidia.com/gpu"]' in err
+    assert (
+        "microvm-gpu.yaml: error: spec.template.resources.limits: nvidia.com/gpu is only "
+        "supported when sandboxClass is 'gvisor'"
+    ) in err
     assert err.count("several.yaml#2: error:") == 3
     assert "several.yaml#1: error" not in err
 
