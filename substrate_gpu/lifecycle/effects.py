@@ -117,13 +117,15 @@ async def _inject(ctx: EffectContext, actor: ActorView) -> int:
 async def allocate(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
     """Ask the worker's allocator for the actor's GPUs.
 
-    No await: the decision and the acceptance of its outcome (which updates the table)
-    happen without another actor's allocation in between, so grants are disjoint.
+    No await between the decision and the acceptance of its outcome (which updates the
+    table), so no other actor's allocation comes in between: grants are disjoint. While
+    the worker's GPUs are unknown (no CDI spec yet) they are looked for again first.
     """
     request = allocation.request_of(actor)
     if ctx.allocator is None:
         # No allocator: the upstream behaviour (all GPUs, or exactly the names asked for).
         return events.GpusAllocated(actor_id=actor.actor_id, names=request.names)
+    await ctx.allocator.ensure_known()
     decision = ctx.allocator.decide(request)
     if isinstance(decision, allocation.Granted):
         return events.GpusAllocated(actor_id=actor.actor_id, names=decision.devices)

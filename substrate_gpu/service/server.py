@@ -31,6 +31,9 @@ Design decisions:
   a partial line (or an unread answer) for ``line_timeout`` seconds, is closed. A line is
   buffered up to :data:`protocol.MAX_LINE_BYTES` and no further. ``accept`` failing for
   lack of file descriptors or memory is backed off from, never fatal.
+- **The worker's GPUs are learnt before serving** (:func:`wiring.gpu_discovery`, after the
+  log is recovered): the allocator is built from the CDI spec and rebuilt from the resumed
+  actors, so no GPU actor is served before the table is the log's (docs/gpu-injection.md).
 - **One agent per log and per socket.** The log is locked (:func:`eventlog.lock`) before
   recovery reads it; an existing socket file is replaced only when nothing answers on it.
 """
@@ -55,7 +58,7 @@ import structlog
 from anyio.abc import ByteStream, SocketListener, TaskGroup, TaskStatus
 
 from substrate_gpu import eventlog, exceptions
-from substrate_gpu.lifecycle import Agent, errors, events, machine
+from substrate_gpu.lifecycle import Agent, allocation, errors, events, machine
 from substrate_gpu.lifecycle.effects import GpuInjector
 from substrate_gpu.observability import AgentMetrics, AgentRegistry, MetricsServer
 from substrate_gpu.probes.api import CudaContextProbe
@@ -519,6 +522,9 @@ class Components:
     runtime: SandboxRuntime
     probe: CudaContextProbe
     injector: GpuInjector
+    gpus: allocation.GpuDiscovery | None = None
+    """How the worker's GPUs are learnt for the allocator; None: no allocator, every GPU
+    actor gets all of the worker's GPUs (the upstream behaviour)."""
 
 
 @contextlib.asynccontextmanager
@@ -537,7 +543,12 @@ async def running_agent(
     )
     if components is None:
         built = wiring.build_collaborators(config, metrics)
-        components = Components(runtime=built.runtime, probe=built.probe, injector=built.injector)
+        components = Components(
+            runtime=built.runtime,
+            probe=built.probe,
+            injector=built.injector,
+            gpus=wiring.gpu_discovery(config, built.injector),
+        )
     async with contextlib.AsyncExitStack() as stack:
         if config.event_log is not None:
             # Before recovery reads the log: a second agent must not even reconcile it.
@@ -553,6 +564,12 @@ async def running_agent(
         tap = wiring.SeqTap(
             KnownActorRefusals(event_log, spec.initial) if event_log is not None else None
         )
+        allocator = None
+        if components.gpus is not None:
+            # Before the Agent: it rebuilds the table from the resumed actors' records.
+            allocator = await allocation.GpuAllocator.discovered(
+                components.gpus, name=wiring.worker_name()
+            )
         agent = Agent(
             runtime=components.runtime,
             probe=components.probe,
@@ -563,6 +580,7 @@ async def running_agent(
             metrics=wiring.LifecycleMetricsBridge(metrics),
             resume=recovered.resume if recovered is not None else None,
             gpu=wiring.gpu_settings(config, components.runtime),
+            allocator=allocator,
         )
         agents.append(agent)
         await stack.enter_async_context(agent)

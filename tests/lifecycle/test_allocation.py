@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from lifecycle.doubles import FakeInjector
+from lifecycle.doubles import FakeInjector, FakeRuntime
 from substrate_gpu.eventlog import EventLog, replay
 from substrate_gpu.lifecycle import Agent, actors, events, machine
 from substrate_gpu.lifecycle.allocation import (
@@ -318,3 +319,123 @@ async def test_the_gauges_show_the_workers_gpus_allocated_and_free(make_agent: M
         await agent.submit(events.SandboxExited(actor_id="a", status=0))
         await agent.wait_for_state("a", "stopped", timeout=5)
         assert registry.get_sample_value("substrate_gpu_gpus_free", {"worker": "w1"}) == 4
+
+
+# --- deleting, unknown GPUs, records the worker cannot honour -------------------------------
+
+
+@anyio_mark
+async def test_a_deleted_running_actor_keeps_its_gpus_until_its_sandbox_is_gone(
+    make_agent: MakeAgent, runtime: FakeRuntime
+) -> None:
+    allocator = GpuAllocator(FOUR)
+    runtime.gates["delete"] = gate = anyio.Event()
+    async with make_agent(allocator=allocator) as agent:
+        await _register(agent, "old", gpus=4)
+        await _register(agent, "new", gpus=1)
+        await agent.submit(events.RunRequested(actor_id="old"))
+        await agent.wait_for_state("old", "running", timeout=5)
+        await agent.submit(events.RunRequested(actor_id="new"))
+        await agent.wait_for_state("new", "awaiting_gpus", timeout=5)
+        await agent.submit(events.DeleteRequested(actor_id="old"))
+        await agent.wait_for_state("old", "deleting", timeout=5)
+        await anyio.wait_all_tasks_blocked()
+        assert (agent.state_of("new"), allocator.allocated) == ("awaiting_gpus", 4)
+        gate.set()
+        await agent.wait_for_state("new", "running", timeout=5)
+    assert allocator.table == {"new": ("nvidia.com/gpu=0",)}
+
+
+@anyio_mark
+async def test_an_actor_deleted_while_suspended_takes_no_gpu_back(
+    make_agent: MakeAgent, runtime: FakeRuntime
+) -> None:
+    allocator = GpuAllocator(FOUR)
+    async with make_agent(allocator=allocator) as agent:
+        await _register(agent, "a", gpus=1)
+        await _register(agent, "b", gpus=1)
+        await agent.submit(events.RunRequested(actor_id="a"))
+        await agent.wait_for_state("a", "running", timeout=5)
+        await agent.submit(events.SuspendRequested(actor_id="a"))
+        await agent.wait_for_state("a", "suspended", timeout=5)
+        await agent.submit(events.RunRequested(actor_id="b"))
+        await agent.wait_for_state("b", "running", timeout=5)
+        runtime.gates["delete"] = anyio.Event()
+        await agent.submit(events.DeleteRequested(actor_id="a"))
+        await agent.wait_for_state("a", "deleting", timeout=5)
+        # a's last allocation was GPU 0, b's now: deleting a must not claim it again.
+        assert allocator.table == {"b": ("nvidia.com/gpu=0",)}
+        runtime.gates["delete"].set()
+        await agent.wait_for_state("a", "deleted", timeout=5)
+
+
+def _failing_then(worker: WorkerGpus, failures: int) -> Callable[[], Awaitable[WorkerGpus]]:
+    calls = 0
+
+    async def discover() -> WorkerGpus:
+        nonlocal calls
+        calls += 1
+        if calls <= failures:
+            raise AllocationError(f"no CDI spec at /cdi/nvidia.json: attempt {calls} failed")
+        return worker
+
+    return discover
+
+
+@anyio_mark
+async def test_gpu_actors_are_refused_with_the_reason_while_the_workers_gpus_are_unknown(
+    make_agent: MakeAgent,
+) -> None:
+    allocator = await GpuAllocator.discovered(_failing_then(FOUR, 99), name="w1")
+    assert allocator.unknown == "no CDI spec at /cdi/nvidia.json: attempt 1 failed"
+    async with make_agent(allocator=allocator) as agent:
+        await _register(agent, "a", gpus=1)
+        await agent.submit(events.RunRequested(actor_id="a"))
+        await agent.wait_for_state("a", "failed", timeout=5)
+        assert _reason(agent, "a") == (
+            "while allocating GPUs on worker 'w1': this worker has no known GPU: "
+            "no CDI spec at /cdi/nvidia.json: attempt 2 failed"
+        )
+
+
+@anyio_mark
+async def test_the_workers_gpus_are_looked_for_again_at_the_next_allocation(
+    make_agent: MakeAgent,
+) -> None:
+    allocator = await GpuAllocator.discovered(_failing_then(FOUR, 1))
+    assert allocator.unknown is not None and allocator.free == 0
+    async with make_agent(allocator=allocator) as agent:
+        await _register(agent, "a", gpus=1)
+        await agent.submit(events.RunRequested(actor_id="a"))
+        await agent.wait_for_state("a", "running", timeout=5)
+    assert (allocator.unknown, allocator.table) == (None, {"a": ("nvidia.com/gpu=0",)})
+
+
+def test_a_rebuilt_record_of_a_gpu_the_worker_no_longer_has_is_kept_but_not_counted() -> None:
+    two = WorkerGpus.named(["nvidia.com/gpu=0", "nvidia.com/gpu=1"])
+    allocator = GpuAllocator(two)
+    allocator.rebuild([("a", ("nvidia.com/gpu=3",)), ("b", ("nvidia.com/gpu=1",))])
+    assert allocator.table == {"a": ("nvidia.com/gpu=3",), "b": ("nvidia.com/gpu=1",)}
+    assert (allocator.allocated, allocator.free) == (1, 1)
+    assert allocator.decide(GpuRequest(count=1)) == Granted(("nvidia.com/gpu=0",))
+    assert allocator.hold("a", ()) is True
+    assert allocator.table == {"b": ("nvidia.com/gpu=1",)}
+
+
+def test_a_rebuilt_record_is_read_by_any_name_of_its_gpu() -> None:
+    allocator = GpuAllocator(_worker())
+    allocator.rebuild([("a", ("nvidia.com/gpu=GPU-bbbb",))])
+    assert allocator.table == {"a": ("nvidia.com/gpu=1",)}
+    assert isinstance(allocator.decide(GpuRequest(names=("nvidia.com/gpu=1",))), Wait)
+
+
+def test_a_gpu_two_records_hold_stays_taken_until_both_let_go() -> None:
+    allocator = GpuAllocator(FOUR)
+    allocator.rebuild([("a", ("nvidia.com/gpu=0",)), ("b", ("nvidia.com/gpu=0",))])
+    assert allocator.allocated == 1
+    allocator.hold("a", ())
+    assert allocator.decide(GpuRequest(names=("nvidia.com/gpu=0",))) == Wait(
+        "GPU(s) nvidia.com/gpu=0 held by other actors"
+    )
+    assert allocator.hold("b", ()) is True
+    assert allocator.free == 4
