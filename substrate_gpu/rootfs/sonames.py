@@ -31,7 +31,7 @@ import stat
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TypeAlias
@@ -349,6 +349,38 @@ class SonameCache:
         """Hit and miss counters and the current size."""
         with self._lock:
             return CacheStats(self._hits, self._misses, len(self._entries))
+
+    def lookup_many(self, paths: Sequence[Path]) -> list[SonameResult]:
+        """:meth:`lookup` for each of ``paths``, in order: one ``stat`` per path and one
+        pass under the lock for the hits (a later actor's whole driver at once)."""
+        keys: list[_FileKey | SonameResult] = []
+        for path in paths:
+            try:
+                st = os.stat(path)  # noqa: PTH116  (hot path: no pathlib wrapper)
+            except OSError as e:
+                keys.append(SonameUnreadable(f"cannot stat: {e.strerror or e}"))
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                keys.append(SonameUnreadable("not a regular file"))
+                continue
+            keys.append(file_key(st))
+        results: list[SonameResult | None] = []
+        entries = self._entries
+        with self._lock:
+            for key in keys:
+                if not isinstance(key, tuple):
+                    results.append(key)
+                    continue
+                cached = entries.get(key)
+                if cached is not None:
+                    entries.move_to_end(key)
+                    self._hits += 1
+                results.append(cached)
+        # Misses (the first actor, a changed file) take the careful path, file by file.
+        return [
+            result if result is not None else self.lookup(path)
+            for path, result in zip(paths, results, strict=True)
+        ]
 
     def lookup(self, path: Path) -> SonameResult:
         """The SONAME result for the file at ``path`` (symlinks followed); never raises."""
