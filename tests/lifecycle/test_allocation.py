@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from lifecycle.doubles import FakeInjector, FakeRuntime
+from substrate_gpu import preflight
 from substrate_gpu.eventlog import EventLog, replay
 from substrate_gpu.lifecycle import Agent, actors, events, machine
 from substrate_gpu.lifecycle.allocation import (
@@ -26,6 +27,7 @@ from substrate_gpu.lifecycle.allocation import (
     held_by,
 )
 from substrate_gpu.lifecycle.errors import AllocationError, EventSchemaError
+from substrate_gpu.lifecycle.gpu import GpuSettings
 from substrate_gpu.observability.metrics import AgentMetrics
 from substrate_gpu.service.wiring import LifecycleMetricsBridge
 
@@ -439,3 +441,59 @@ def test_a_gpu_two_records_hold_stays_taken_until_both_let_go() -> None:
     )
     assert allocator.hold("b", ()) is True
     assert allocator.free == 4
+
+
+# --- the checkpoint manifest of an allocated actor ------------------------------------------
+
+
+@pytest.fixture
+def four_gpu_host(tmp_path: Path, runtime: FakeRuntime) -> GpuSettings:
+    """A host with /dev/nvidia0..3 and driver 580.65.06 (no runsc preflight)."""
+    dev = tmp_path / "host/dev"
+    dev.mkdir(parents=True)
+    for i in range(4):
+        (dev / f"nvidia{i}").symlink_to("/dev/null")
+    version = tmp_path / "proc-driver-nvidia-version"
+    version.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  x\n")
+    return GpuSettings(
+        drivers=runtime, dev_root=tmp_path / "host", proc_version=version, driver_preflight=False
+    )
+
+
+async def _suspended_with(agent: Agent, actor_id: str, gpus: int) -> Path:
+    await _register(agent, actor_id, gpus=gpus)
+    await agent.submit(events.RunRequested(actor_id=actor_id))
+    await agent.wait_for_state(actor_id, "running", timeout=5)
+    await agent.submit(events.SuspendRequested(actor_id=actor_id))
+    await agent.wait_for_state(actor_id, "suspended", timeout=5)
+    view = agent.actor(actor_id)
+    assert view is not None and view.checkpoint
+    return Path(view.checkpoint)
+
+
+@anyio_mark
+async def test_an_allocated_actors_checkpoint_counts_its_own_gpus(
+    make_agent: MakeAgent, four_gpu_host: GpuSettings
+) -> None:
+    async with make_agent(allocator=GpuAllocator(FOUR), gpu=four_gpu_host) as agent:
+        image = await _suspended_with(agent, "a", gpus=1)
+    manifest = preflight.read_manifest(image)
+    assert manifest is not None and manifest.gpu_count == 1
+
+
+@anyio_mark
+async def test_a_restore_is_checked_against_the_gpus_allocated_for_it(
+    make_agent: MakeAgent, four_gpu_host: GpuSettings
+) -> None:
+    """A checkpoint of two GPUs is refused onto a one-GPU allocation of a four-GPU worker."""
+    async with make_agent(allocator=GpuAllocator(FOUR), gpu=four_gpu_host) as agent:
+        image = await _suspended_with(agent, "a", gpus=1)
+        manifest = preflight.read_manifest(image)
+        assert manifest is not None
+        preflight.write_manifest(image, dataclasses.replace(manifest, gpu_count=2))
+        await agent.submit(events.RestoreRequested(actor_id="a"))
+        await agent.wait_for_state("a", "suspended", timeout=5)
+        assert _reason(agent, "a") == (
+            "restore refused (restore-fewer-gpus): the checkpoint holds 2 GPU(s), this restore "
+            "was allocated 1 (nvidia.com/gpu=0): restore asking for at least as many GPUs"
+        )
