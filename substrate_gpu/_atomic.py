@@ -8,36 +8,56 @@ is kept (runc and runsc read config.json; a 0600 temp file must not tighten it s
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import secrets
 import stat
-import tempfile
 from pathlib import Path
 
 
-def write_atomically(path: Path, data: bytes, *, default_mode: int = 0o644) -> None:
+def write_atomically(
+    path: Path, data: bytes, *, default_mode: int = 0o644, mode: int | None = None
+) -> None:
     """Replace ``path`` with ``data`` atomically, keeping the existing file's mode.
 
+    ``mode``: the permission bits to give the file, when the caller knows them already (it
+    read the file); else the existing file's, or ``default_mode`` for a new file.
     Raises ``OSError`` on failure; the target is then untouched and no temp file is left.
     """
+    if mode is None:
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            mode = default_mode
+    fd, tmp = _create_temp(path)
     try:
-        mode = stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        mode = default_mode
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        tmp.replace(path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)  # noqa: PTH105  (a str temp name; no Path built)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+            os.unlink(tmp)  # noqa: PTH108
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _create_temp(path: Path) -> tuple[int, str]:
+    """A new, empty, private file next to ``path`` (``.<name>.<random>.tmp``)."""
+    for _attempt in range(100):
+        tmp = f"{path.parent}/.{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            continue
+        return fd, tmp
+    raise FileExistsError(errno.EEXIST, f"no free temporary name next to {path}")

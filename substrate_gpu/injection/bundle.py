@@ -17,6 +17,8 @@ The pod's pause/root container is never injected (it holds no GPU; runsc still n
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,18 +80,52 @@ class InjectionReport:
     """Wall time of the injection."""
 
 
+_Devices = tuple[devices_.ResolvedDevice, ...]
+
+
 class PlanCache:
     """Remembers the last injection plan, so later actors on a worker skip re-planning.
 
     The plan is a pure function of the edits, the resolved devices, the driver root and the
     hook binary. The edits are compared by identity (the worker's parsed spec is shared and
-    immutable), the rest by value; device nodes are still resolved for every injection.
+    immutable), the rest by value. Device nodes are stat-ed for every injection; their
+    resolution is reused while the stats say the same.
     """
 
     def __init__(self) -> None:
         self._key: tuple[object, ...] | None = None
         self._edits: model.ContainerEdits | None = None
         self._plan: oci.InjectionPlan | None = None
+        self._hook_binaries: dict[Path, str] = {}
+        self._resolved: (
+            tuple[
+                model.ContainerEdits, Path, tuple[object, ...], tuple[devices_.ResolvedDevice, ...]
+            ]
+            | None
+        ) = None
+
+    def hook_binary(self, toolkit_dir: Path) -> str:
+        """:func:`hook_binary`, chosen once per worker like its spec (which nvidia-ctk of
+        the same mounted toolkit generated once)."""
+        chosen = self._hook_binaries.get(toolkit_dir)
+        if chosen is None:
+            chosen = self._hook_binaries[toolkit_dir] = hook_binary(toolkit_dir)
+        return chosen
+
+    def resolve(
+        self, edits: model.ContainerEdits, dev_root: Path
+    ) -> tuple[devices_.ResolvedDevice, ...]:
+        """:func:`devices.resolve_device_numbers` for ``edits``' nodes, reused while every
+        host node stat-s the same (type and numbers: all the resolution reads)."""
+        last = self._resolved
+        if last is not None and last[0] is edits and last[1] == dev_root:
+            seen = devices_.host_fingerprint(edits.device_nodes, dev_root=dev_root)
+            if seen == last[2]:
+                return last[3]
+        fingerprint = devices_.host_fingerprint(edits.device_nodes, dev_root=dev_root)
+        resolved = devices_.resolve_device_numbers(edits.device_nodes, dev_root=dev_root)
+        self._resolved = (edits, dev_root, fingerprint, resolved)
+        return resolved
 
     def plan(
         self,
@@ -117,9 +153,26 @@ def hook_binary(toolkit_dir: Path) -> str:
 
 def read_config(bundle: Path) -> oci.OciConfig:
     """Parse ``<bundle>/config.json``; errors name the file and the problem."""
+    return _read_config(bundle)[0]
+
+
+def _read_bytes_and_mode(path: Path) -> tuple[bytes, int]:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks), mode
+
+
+def _read_config(bundle: Path) -> tuple[oci.OciConfig, int]:
+    """The parsed config and the file's permission bits (kept when it is rewritten)."""
     path = bundle / "config.json"
     try:
-        raw = path.read_bytes()
+        raw, mode = _read_bytes_and_mode(path)
     except OSError as e:
         raise exceptions.InjectionError(
             f"while injecting GPUs into bundle {bundle}: cannot read {path}: {e.strerror or e}"
@@ -135,7 +188,7 @@ def read_config(bundle: Path) -> oci.OciConfig:
             f"while injecting GPUs into bundle {bundle}: {path} is not a JSON object"
         )
     # Typed for what it should hold; nested values are checked where they are used.
-    return cast("oci.OciConfig", config)
+    return cast("oci.OciConfig", config), mode
 
 
 def rootfs_of(bundle: Path, config: oci.OciConfig) -> Path:
@@ -177,22 +230,23 @@ def inject_gpu(
     """
     started = time.perf_counter()
     bundle = Path(bundle)
-    config = read_config(bundle)
+    config, mode = _read_config(bundle)
     bound = log.bind(bundle=str(bundle))
     if oci.is_sandbox_container(config):
         bound.info("gpu_injection_skipped", reason="pod sandbox (pause) container")
         return InjectionReport(bundle=bundle, outcome="sandbox-container")
 
-    resolved = devices_.resolve_device_numbers(edits.device_nodes, dev_root=options.dev_root)
+    plans = plan_cache or PlanCache()
+    resolved = plans.resolve(edits, options.dev_root)
     if not resolved:
         raise exceptions.InjectionError(
             f"while injecting GPUs into bundle {bundle}: the CDI edits resolve no device node"
         )
-    plan = (plan_cache or PlanCache()).plan(
+    plan = plans.plan(
         edits,
         resolved,
         driver_root=options.driver_root,
-        hook_binary=hook_binary(options.toolkit_dir),
+        hook_binary=plans.hook_binary(options.toolkit_dir),
     )
     kept = tuple(h.args[1] for h in plan.hooks)
     skipped = tuple(d.name for d in plan.skipped_hooks)
@@ -226,7 +280,7 @@ def inject_gpu(
     new_config = oci.apply_plan(config, plan, in_place=True)
     path = bundle / "config.json"
     try:
-        _atomic.write_atomically(path, encode_config(new_config))
+        _atomic.write_atomically(path, encode_config(new_config), mode=mode)
     except OSError as e:
         raise exceptions.InjectionError(
             f"while injecting GPUs into bundle {bundle}: cannot write {path}: "

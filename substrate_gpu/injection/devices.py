@@ -145,6 +145,26 @@ def resolve_device(node: model.DeviceNode, *, dev_root: Path) -> ResolvedDevice:
     )
 
 
+def host_fingerprint(
+    nodes: Iterable[model.DeviceNode], *, dev_root: Path = Path("/")
+) -> tuple[object, ...]:
+    """What :func:`resolve_device` reads from the host for each node: the type and numbers
+    of its host node (``None`` for a node the spec describes fully, or one that cannot be
+    stat-ed: resolving it again raises the error)."""
+    seen: list[object] = []
+    for node in nodes:
+        if _complete(node):
+            seen.append(None)
+            continue
+        try:
+            st = os.stat(os.path.join(dev_root, node.source.lstrip("/")))  # noqa: PTH116, PTH118
+        except OSError:
+            seen.append(None)
+        else:
+            seen.append((st.st_mode, st.st_rdev))
+    return tuple(seen)
+
+
 def resolve_device_numbers(
     nodes: Iterable[model.DeviceNode], *, dev_root: Path = Path("/")
 ) -> tuple[ResolvedDevice, ...]:

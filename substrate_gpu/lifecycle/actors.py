@@ -214,6 +214,10 @@ class Actor:
         assert isinstance(event, events.GpusAllocated)
         self.gpu_devices = ",".join(event.names)
 
+    def forget_gpus(self, event: events.Event) -> None:
+        """The actor holds no GPU any more (its last allocation is history)."""
+        self.gpu_devices = ""
+
     def remember_bundle(self, event: events.Event) -> None:
         """Take the (re-)prepared bundle directory."""
         assert isinstance(event, events.BundlePrepared)

@@ -14,19 +14,35 @@ A pure, deterministic functional core (:func:`decide`) and a small stateful shel
   (``gpu_devices``, set by ``gpus_allocated``, held while the actor is in a state the YAML
   marks ``holds_gpus``). Replay and recovery rebuild it from the same records
   (:meth:`GpuAllocator.rebuild`), so it is exactly the live one.
+- **The worker's GPUs may be unknown** (no CDI spec yet: nvidia-ctk failed, or a worker
+  without GPUs). The allocator then says why (``unknown``) and refuses GPU requests with
+  that reason; given a ``discover`` callback it asks again before each decision while
+  unknown, since a failed spec generation is never memoised (the driver may have been
+  mid-install).
+- **Records the worker cannot honour are kept, not fought.** A rebuild from a log written
+  when the worker had other GPUs (its spec changed between restarts) may name a GPU this
+  worker no longer has: the actor keeps holding it in the table (it is counted neither
+  allocated nor free) until it leaves its holding state; it is logged. Two records holding
+  the same GPU (a log written before ``deleting`` held GPUs) are kept the same way: the GPU
+  stays taken until both let go. Live grants never do either (:meth:`GpuAllocator.hold`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import collections
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from substrate_gpu import cdi
+import structlog
+
+from substrate_gpu import cdi, exceptions
 from substrate_gpu.lifecycle import errors
 
 if TYPE_CHECKING:
     from substrate_gpu.lifecycle.actors import ActorView
+
+_log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +129,7 @@ class WorkerGpus:
         return cls(names=tuple(names), aliases={n: n for n in names})
 
 
-def decide(request: GpuRequest, worker: WorkerGpus, taken: frozenset[str] | set[str]) -> Decision:
+def decide(request: GpuRequest, worker: WorkerGpus, taken: Container[str]) -> Decision:
     """The allocation for ``request`` given the GPUs ``taken`` by other actors.
 
     Pure and deterministic: the same inputs give the same decision.
@@ -144,15 +160,57 @@ def decide(request: GpuRequest, worker: WorkerGpus, taken: frozenset[str] | set[
     return Granted(tuple(free[:count]))
 
 
+class GpuDiscovery(Protocol):
+    """Learns the worker's GPUs (from the CDI spec it injects from)."""
+
+    async def __call__(self) -> WorkerGpus:
+        """The worker's GPUs; a :class:`SubstrateGpuError` saying why they are unknown."""
+        ...
+
+
+NO_GPUS = WorkerGpus.named(())
+
+
 class GpuAllocator:
     """The allocation table of one worker: actor id -> the GPUs it holds."""
 
-    def __init__(self, worker: WorkerGpus, name: str = "") -> None:
+    def __init__(
+        self,
+        worker: WorkerGpus,
+        name: str = "",
+        *,
+        unknown: str | None = None,
+        discover: GpuDiscovery | None = None,
+    ) -> None:
         self.worker = worker
         self.name = name
         """The worker's name (a metric label)."""
+        self.unknown = unknown
+        """Why the worker's GPUs are not known (None: ``worker`` is the truth)."""
+        self._discover = discover
         self._table: dict[str, tuple[str, ...]] = {}
-        self._taken: set[str] = set()
+        self._taken: collections.Counter[str] = collections.Counter()
+
+    @classmethod
+    async def discovered(cls, discover: GpuDiscovery, name: str = "") -> GpuAllocator:
+        """An allocator for the GPUs ``discover`` finds now (or knowing why there are none)."""
+        allocator = cls(NO_GPUS, name, unknown="not discovered yet", discover=discover)
+        await allocator.ensure_known()
+        return allocator
+
+    async def ensure_known(self) -> None:
+        """While the worker's GPUs are unknown, ask ``discover`` again (a no-op once known)."""
+        if self.unknown is None or self._discover is None:
+            return
+        try:
+            worker = await self._discover()
+        except exceptions.SubstrateGpuError as e:
+            self.unknown = str(e)
+            _log.warning("worker GPUs unknown", worker=self.name, reason=self.unknown)
+            return
+        self.unknown = None
+        self._set_worker(worker)
+        _log.info("worker GPUs", worker=self.name, gpus=list(worker.names))
 
     @property
     def table(self) -> Mapping[str, tuple[str, ...]]:
@@ -161,17 +219,19 @@ class GpuAllocator:
 
     @property
     def allocated(self) -> int:
-        """GPUs held by some actor."""
-        return len(self._taken)
+        """GPUs of this worker held by some actor."""
+        return sum(1 for n in self.worker.names if n in self._taken)
 
     @property
     def free(self) -> int:
-        """GPUs held by none."""
-        return len(self.worker.names) - len(self._taken)
+        """GPUs of this worker held by none."""
+        return len(self.worker.names) - self.allocated
 
     def decide(self, request: GpuRequest) -> Decision:
         """What :func:`decide` says for ``request`` against this table."""
-        return decide(request, self.worker, self._taken)
+        if self.unknown is not None:
+            return Refused(f"this worker has no known GPU: {self.unknown}")
+        return decide(request, self.worker, self._taken.keys())
 
     def hold(self, actor_id: str, devices: tuple[str, ...]) -> bool:
         """Record that ``actor_id`` holds exactly ``devices`` (none: it holds nothing).
@@ -183,7 +243,7 @@ class GpuAllocator:
         if before == devices:
             return False
         for device in devices:
-            if device in self._taken and device not in before:
+            if self._taken[device] and device not in before:
                 raise errors.AllocationError(
                     f"while giving {device!r} to actor {actor_id!r}: another actor holds it"
                 )
@@ -191,17 +251,57 @@ class GpuAllocator:
                 raise errors.AllocationError(
                     f"while giving {device!r} to actor {actor_id!r}: this worker has no such GPU"
                 )
-        self._taken.difference_update(before)
+        return self._put(actor_id, devices)
+
+    def _put(self, actor_id: str, devices: tuple[str, ...]) -> bool:
+        before = self._table.pop(actor_id, ())
+        self._taken.subtract(before)
         self._taken.update(devices)
+        freed = False
+        for device in before:
+            if self._taken[device] <= 0:
+                del self._taken[device]
+                freed = True
         if devices:
             self._table[actor_id] = devices
-        else:
-            self._table.pop(actor_id, None)
-        return any(d not in devices for d in before)
+        return freed
 
     def rebuild(self, held: Iterable[tuple[str, tuple[str, ...]]]) -> None:
-        """Replace the table with ``(actor_id, devices)`` pairs (replay, recovery)."""
+        """Replace the table with ``(actor_id, devices)`` pairs (replay, recovery).
+
+        Records are taken as they are (see the module doc): a GPU this worker lacks, or
+        one two records hold, is logged, never an error.
+        """
         self._table.clear()
         self._taken.clear()
         for actor_id, devices in held:
-            self.hold(actor_id, devices)
+            if devices:
+                self._put(actor_id, tuple(self._canonical(d) for d in devices))
+        self._check_records()
+
+    def _canonical(self, device: str) -> str:
+        return self.worker.aliases.get(device, device)
+
+    def _set_worker(self, worker: WorkerGpus) -> None:
+        self.worker = worker
+        self.rebuild(tuple(self._table.items()))
+
+    def _check_records(self) -> None:
+        if self.unknown is not None:
+            return
+        for actor_id, devices in self._table.items():
+            for device in devices:
+                if device not in self.worker.aliases:
+                    _log.warning(
+                        "an actor holds a GPU this worker does not have (its spec changed)",
+                        worker=self.name,
+                        actor_id=actor_id,
+                        gpu=device,
+                    )
+                elif self._taken[device] > 1:
+                    _log.warning(
+                        "GPU held by several actors in the log's records",
+                        worker=self.name,
+                        actor_id=actor_id,
+                        gpu=device,
+                    )

@@ -117,13 +117,15 @@ async def _inject(ctx: EffectContext, actor: ActorView) -> int:
 async def allocate(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
     """Ask the worker's allocator for the actor's GPUs.
 
-    No await: the decision and the acceptance of its outcome (which updates the table)
-    happen without another actor's allocation in between, so grants are disjoint.
+    No await between the decision and the acceptance of its outcome (which updates the
+    table), so no other actor's allocation comes in between: grants are disjoint. While
+    the worker's GPUs are unknown (no CDI spec yet) they are looked for again first.
     """
     request = allocation.request_of(actor)
     if ctx.allocator is None:
         # No allocator: the upstream behaviour (all GPUs, or exactly the names asked for).
         return events.GpusAllocated(actor_id=actor.actor_id, names=request.names)
+    await ctx.allocator.ensure_known()
     decision = ctx.allocator.decide(request)
     if isinstance(decision, allocation.Granted):
         return events.GpusAllocated(actor_id=actor.actor_id, names=decision.devices)
@@ -252,14 +254,17 @@ def _write_manifest(
 ) -> None:
     """The manifest of a good checkpoint: runsc version, host CPU flags, and for a GPU actor
     the driver, GPU count and identities (best effort: without it, restore is unchecked and
-    an exec-route image is not resumed; logged)."""
+    an exec-route image is not resumed; logged). The count is the actor's: the GPUs the
+    allocator gave it (its sandbox saw no other), else all of the worker's."""
     driver, count = "", 0
     if actor.gpu and ctx.gpu is not None:
         facts = ctx.gpu.host_facts()
         if isinstance(facts, preflight.Refusal):
             _log.warning("checkpoint has no manifest", image=str(image), reason=facts.reason)
             return
-        driver, count = facts.driver_version, facts.gpu_count
+        granted = _granted(actor)
+        driver = facts.driver_version
+        count = facts.gpu_count if granted is None else len(granted)
     try:
         manifest = preflight.CheckpointManifest(
             driver_version=driver,
@@ -330,7 +335,7 @@ async def restore(ctx: EffectContext, actor: ActorView, event: events.Event) -> 
     cuda_route = ""
     if actor.gpu and ctx.gpu is not None:
         try:
-            checked = await _check_restore(ctx.gpu, actor_id, Path(image))
+            checked = await _check_restore(ctx.gpu, actor_id, Path(image), _granted(actor))
         except exceptions.SubstrateGpuError as e:
             return events.RestoreFailed(
                 actor_id=actor_id, message=f"while checking the node before restore: {_message(e)}"
@@ -368,10 +373,11 @@ def _check_cpu_features(actor_id: str, image: Path) -> events.Event | None:
 
 
 async def _check_restore(
-    gpu: GpuSettings, actor_id: str, image: Path
+    gpu: GpuSettings, actor_id: str, image: Path, granted: tuple[str, ...] | None
 ) -> events.RestoreRefused | str:
     """Driver preflight and the image's manifest against this node: a refusal, or the route
-    that put CUDA state in the image (empty when none)."""
+    that put CUDA state in the image (empty when none). An actor given GPUs by the
+    allocator is checked against those (other indices are fine, fewer are not)."""
     facts = await gpu.check_host()
     if isinstance(facts, preflight.Refusal):
         return events.RestoreRefused(actor_id=actor_id, code=facts.code, message=facts.reason)
@@ -379,6 +385,12 @@ async def _check_restore(
     if manifest is None:
         return ""
     refusal = preflight.check_restore(manifest, facts)
+    if refusal is None and granted is not None and len(granted) < manifest.gpu_count:
+        refusal = preflight.Refusal(
+            "restore-fewer-gpus",
+            f"the checkpoint holds {manifest.gpu_count} GPU(s), this restore was allocated "
+            f"{len(granted)} ({', '.join(granted)}): restore asking for at least as many GPUs",
+        )
     if refusal is not None:
         return events.RestoreRefused(actor_id=actor_id, code=refusal.code, message=refusal.reason)
     return manifest.route if manifest.cuda_state_included else ""

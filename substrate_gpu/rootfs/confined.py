@@ -244,6 +244,37 @@ def _open_dir(root: Path, root_fd: int, path: str, *, create: bool) -> int:
     return _walk_in_root(root, root_fd, path, create=create)
 
 
+def open_dir_at(root: Path, root_fd: int, path: str, *, create: bool = False) -> int:
+    """:func:`open_dir_in_root` for a caller holding ``root``'s descriptor; the caller closes
+    the returned O_PATH descriptor."""
+    return _open_dir(root, root_fd, path, create=create)
+
+
+def open_child_dir(parent_fd: int, name: str, *, create: bool = False) -> int | None:
+    """Open the real directory ``name`` of the directory ``parent_fd`` (O_PATH), creating it
+    with mode 0o755 when ``create`` and absent; ``None`` when it is anything else.
+
+    ``name`` is one plain component, never followed when it is a symlink, so the result is
+    what resolving ``<parent>/<name>`` in-root gives for a real directory; for a symlink (or
+    a non-directory) the caller resolves the whole path with :func:`open_dir_at`.
+    """
+    if not is_plain_name(name):
+        return None
+    for _attempt in range(2):
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        except FileNotFoundError:
+            if not create:
+                return None
+            with contextlib.suppress(FileExistsError):  # a racing creator is fine
+                os.mkdir(name, 0o755, dir_fd=parent_fd)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                return None  # a symlink or not a directory: the careful path decides
+            raise
+    return None
+
+
 @contextlib.contextmanager
 def open_dir_in_root(root: Path, path: str, *, create: bool = False) -> Iterator[int]:
     """Open directory ``path`` inside ``root`` (RESOLVE_IN_ROOT semantics) as an O_PATH fd.

@@ -31,7 +31,7 @@ import stat
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TypeAlias
@@ -303,6 +303,9 @@ def file_key(st: os.stat_result) -> _FileKey:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+
+
 def open_for_reading(path: Path) -> BinaryIO:
     """Open ``path`` unbuffered, never blocking (a FIFO swapped in after ``stat``)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -349,6 +352,57 @@ class SonameCache:
         """Hit and miss counters and the current size."""
         with self._lock:
             return CacheStats(self._hits, self._misses, len(self._entries))
+
+    def lookup_many(self, paths: Sequence[Path]) -> list[SonameResult]:
+        """:meth:`lookup` for each of ``paths``, in order: one ``stat`` per path and one
+        pass under the lock for the hits (a later actor's whole driver at once).
+
+        Each directory is opened once and its files stat-ed by name from it (the kernel
+        walks the directory's path once, not once per library); the result is the same
+        ``stat`` of the same file, symlinks followed.
+        """
+        keys: list[_FileKey | SonameResult] = []
+        directories: dict[str, int | None] = {}
+        try:
+            for path in paths:
+                directory, name = os.path.split(path)
+                if directory not in directories:
+                    try:
+                        directories[directory] = os.open(directory or ".", _DIR_FLAGS)
+                    except OSError:
+                        directories[directory] = None  # stat the full path: same error
+                dir_fd = directories[directory]
+                try:
+                    # No pathlib wrapper on the hot path.
+                    st = os.stat(path) if dir_fd is None else os.stat(name, dir_fd=dir_fd)  # noqa: PTH116
+                except OSError as e:
+                    keys.append(SonameUnreadable(f"cannot stat: {e.strerror or e}"))
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    keys.append(SonameUnreadable("not a regular file"))
+                    continue
+                keys.append(file_key(st))
+        finally:
+            for dir_fd in directories.values():
+                if dir_fd is not None:
+                    os.close(dir_fd)
+        results: list[SonameResult | None] = []
+        entries = self._entries
+        with self._lock:
+            for key in keys:
+                if not isinstance(key, tuple):
+                    results.append(key)
+                    continue
+                cached = entries.get(key)
+                if cached is not None:
+                    entries.move_to_end(key)
+                    self._hits += 1
+                results.append(cached)
+        # Misses (the first actor, a changed file) take the careful path, file by file.
+        return [
+            result if result is not None else self.lookup(path)
+            for path, result in zip(paths, results, strict=True)
+        ]
 
     def lookup(self, path: Path) -> SonameResult:
         """The SONAME result for the file at ``path`` (symlinks followed); never raises."""

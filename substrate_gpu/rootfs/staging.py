@@ -29,6 +29,7 @@ writer) are a thin shell around it. Rules, in order:
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -272,33 +273,36 @@ class _PlanMemo:
 
     Later actors on a worker stage the same libraries with the same cached SONAME results
     (the cache returns the very same result objects until a file changes), so re-planning
-    is pure overhead on the warm path. Inputs are compared by value for the paths and by
-    identity for the results; one (inputs, plan) pair is swapped atomically, so threads
-    staging concurrently at worst plan twice.
+    is pure overhead on the warm path. Inputs are compared by value (equal results give
+    the same plan: planning is a pure function of them); one (inputs, plan) pair is
+    swapped atomically, so threads staging concurrently at worst plan twice.
     """
 
     def __init__(self) -> None:
         self._last: (
-            tuple[list[tuple[Path, str, SonameResult]], list[PlannedLink], list[SkippedLibrary]]
+            tuple[
+                list[tuple[Path, str, SonameResult]],
+                list[PlannedLink],
+                list[SkippedLibrary],
+                tuple[StagedLink, ...],
+            ]
             | None
         ) = None
 
     def plan(
         self, triples: list[tuple[Path, str, SonameResult]]
-    ) -> tuple[list[PlannedLink], list[SkippedLibrary]]:
+    ) -> tuple[list[PlannedLink], list[SkippedLibrary], tuple[StagedLink, ...]]:
+        """The planned links, the skipped libraries (fresh lists) and each planned link's
+        :class:`StagedLink` (shared: immutable)."""
         last = self._last
-        if (
-            last is not None
-            and len(last[0]) == len(triples)
-            and all(
-                a[2] is b[2] and a[1] == b[1] and a[0] == b[0]
-                for a, b in zip(last[0], triples, strict=True)
-            )
-        ):
-            return list(last[1]), list(last[2])
+        # List equality compares items by identity first: the warm path's paths, names
+        # and cached results are the very same objects, so no Path.__eq__ runs.
+        if last is not None and last[0] == triples:
+            return list(last[1]), list(last[2]), last[3]
         planned, skipped = plan_soname_links(triples)
-        self._last = (triples, list(planned), list(skipped))
-        return planned, skipped
+        staged = tuple(StagedLink(p.library, p.link, p.target) for p in planned)
+        self._last = (triples, list(planned), list(skipped), staged)
+        return planned, skipped, staged
 
 
 _plan_memo = _PlanMemo()
@@ -308,43 +312,79 @@ _plan_memo = _PlanMemo()
 # The effectful shell
 
 
+#: The result for a mount that is no versioned library (one object: the plan memo compares
+#: results by identity).
+_NOT_VERSIONED = SonameAbsent("not a versioned library")
+
+
 def _read_sonames(
     libraries: Iterable[tuple[Path, str]], cache: SonameCache
 ) -> list[tuple[Path, str, SonameResult]]:
-    triples: list[tuple[Path, str, SonameResult]] = []
-    for library, destination in dict.fromkeys(libraries):  # the same mount twice is one mount
-        name = destination.rsplit("/", 1)[-1]
-        if is_versioned_library(name):
-            triples.append((library, destination, cache.lookup(library)))
-        else:
-            triples.append((library, destination, SonameAbsent("not a versioned library")))
-    return triples
+    unique = list(dict.fromkeys(libraries))  # the same mount twice is one mount
+    versioned = [is_versioned_library(dest.rsplit("/", 1)[-1]) for _, dest in unique]
+    wanted = [lib for (lib, _), v in zip(unique, versioned, strict=True) if v]
+    found = iter(cache.lookup_many(wanted))
+    return [
+        (library, destination, next(found) if v else _NOT_VERSIONED)
+        for (library, destination), v in zip(unique, versioned, strict=True)
+    ]
 
 
-def _write_links(
-    rootfs: Path, planned: Sequence[PlannedLink]
-) -> tuple[dict[PlannedLink, confined.LinkOutcome], dict[PlannedLink, str]]:
-    """Create the links, one directory resolution per directory; return outcomes and refusals."""
-    outcomes: dict[PlannedLink, confined.LinkOutcome] = {}
-    refused: dict[PlannedLink, str] = {}
-    by_directory: dict[str, list[PlannedLink]] = {}
-    for link in planned:
-        by_directory.setdefault(link.directory, []).append(link)
-    for directory, links in by_directory.items():
-        try:
-            with confined.open_dir_in_root(rootfs, directory, create=True) as fd:
-                for link in links:
-                    outcomes[link] = confined.ensure_symlink_at(fd, link.name, link.target)
-        except confined.ConfinedPathError as e:
-            for link in links:
-                if link not in outcomes:
-                    refused[link] = e.problem
-        except OSError as e:
-            raise InjectionError(
-                f"while staging SONAME links in {directory} of rootfs {rootfs}: {e}; "
-                "check that the rootfs is writable and has space"
-            ) from e
-    return outcomes, refused
+#: What became of one planned link: its outcome, or why its directory was refused.
+_Written = confined.LinkOutcome | str
+
+
+def _write_links(rootfs: Path, planned: Sequence[PlannedLink]) -> list[_Written]:
+    """Create the links (in ``planned``'s order), one directory resolution per directory.
+
+    A directory whose parent was opened already is opened from it when it is a real
+    directory (one ``openat``), else resolved in-root from the top like the others. Link
+    names are plain (checked when planned), so a fresh rootfs costs one ``symlinkat`` per
+    link; an existing name takes :func:`confined.ensure_symlink_at`'s careful path.
+    """
+    written: list[_Written | None] = [None] * len(planned)
+    by_directory: dict[str, list[int]] = {}
+    for i, link in enumerate(planned):
+        by_directory.setdefault(link.directory, []).append(i)
+    opened: dict[str, int] = {}
+    try:
+        root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise InjectionError(f"while staging SONAME links in rootfs {rootfs}: {e}") from e
+    directory = "/"
+    try:
+        for directory in sorted(by_directory):  # a parent before its children
+            indices = by_directory[directory]
+            try:
+                parent, _, name = directory.rstrip("/").rpartition("/")
+                fd = None
+                if parent in opened:
+                    fd = confined.open_child_dir(opened[parent], name, create=True)
+                if fd is None:
+                    fd = confined.open_dir_at(rootfs, root_fd, directory, create=True)
+                opened[directory] = fd
+                for i in indices:
+                    link = planned[i]
+                    try:
+                        os.symlink(link.target, link.name, dir_fd=fd)
+                    except FileExistsError:
+                        written[i] = confined.ensure_symlink_at(fd, link.name, link.target)
+                    else:
+                        written[i] = confined.LinkOutcome.CREATED
+            except confined.ConfinedPathError as e:
+                for i in indices:
+                    if written[i] is None:
+                        written[i] = e.problem
+    except OSError as e:
+        raise InjectionError(
+            f"while staging SONAME links in {directory} of rootfs {rootfs}: {e}; "
+            "check that the rootfs is writable and has space"
+        ) from e
+    finally:
+        for fd in opened.values():
+            os.close(fd)
+        os.close(root_fd)
+    return [w if w is not None else "not staged" for w in written]
 
 
 def stage_soname_links(
@@ -365,15 +405,17 @@ def stage_soname_links(
     rootfs (read-only, full); bad libraries and hostile paths are skipped and reported.
     """
     logger: StagingLog = log if log is not None else _log
-    planned, skipped = _plan_memo.plan(_read_sonames(libraries, cache))
-    outcomes, refused = _write_links(rootfs, planned)
+    planned, skipped, staged_links = _plan_memo.plan(_read_sonames(libraries, cache))
+    written = _write_links(rootfs, planned)
 
     created: list[StagedLink] = []
     replaced: list[StagedLink] = []
     existing: list[StagedLink] = []
-    for link in planned:
-        staged = StagedLink(link.library, link.link, link.target)
-        outcome = outcomes.get(link)
+    if all(w is confined.LinkOutcome.CREATED for w in written):
+        # A fresh rootfs (every later actor): each link is new; nothing to sort out.
+        created = list(staged_links)
+        written = []
+    for link, staged, outcome in zip(planned, staged_links, written, strict=False):
         if outcome is confined.LinkOutcome.CREATED:
             created.append(staged)  # summarised below: one event per staging, not per link
         elif outcome is confined.LinkOutcome.REPLACED:
@@ -392,7 +434,7 @@ def stage_soname_links(
                 SkippedLibrary(link.library, link.destination, SkipReason.OCCUPIED, detail)
             )
         else:
-            detail = f"{link.directory}: {refused[link]}"
+            detail = f"{link.directory}: {outcome}"
             skipped.append(
                 SkippedLibrary(
                     link.library, link.destination, SkipReason.UNSAFE_DESTINATION, detail

@@ -34,6 +34,9 @@ Design decisions:
 - **Health on the metrics port.** ``/healthz`` and ``/readyz`` (:mod:`.health`) are served
   from the moment the log is locked, before recovery: a probe sees ``recovery: running``,
   not a refused connection. SIGTERM turns readiness off before the drain begins.
+- **The worker's GPUs are learnt before serving** (:func:`wiring.gpu_discovery`, after the
+  log is recovered): the allocator is built from the CDI spec and rebuilt from the resumed
+  actors, so no GPU actor is served before the table is the log's (docs/gpu-injection.md).
 - **One agent per log and per socket.** The log is locked (:func:`eventlog.lock`) before
   recovery reads it; an existing socket file is replaced only when nothing answers on it.
 """
@@ -58,7 +61,7 @@ import structlog
 from anyio.abc import ByteStream, SocketListener, TaskGroup, TaskStatus
 
 from substrate_gpu import eventlog, exceptions
-from substrate_gpu.lifecycle import Agent, errors, events, machine
+from substrate_gpu.lifecycle import Agent, allocation, errors, events, machine
 from substrate_gpu.lifecycle.effects import GpuInjector
 from substrate_gpu.observability import AgentMetrics, AgentRegistry, MetricsServer
 from substrate_gpu.probes.api import CudaContextProbe
@@ -525,6 +528,9 @@ class Components:
     runtime: SandboxRuntime
     probe: CudaContextProbe
     injector: GpuInjector
+    gpus: allocation.GpuDiscovery | None = None
+    """How the worker's GPUs are learnt for the allocator; None: no allocator, every GPU
+    actor gets all of the worker's GPUs (the upstream behaviour)."""
 
 
 @contextlib.asynccontextmanager
@@ -545,7 +551,12 @@ async def running_agent(
     )
     if components is None:
         built = wiring.build_collaborators(config, metrics)
-        components = Components(runtime=built.runtime, probe=built.probe, injector=built.injector)
+        components = Components(
+            runtime=built.runtime,
+            probe=built.probe,
+            injector=built.injector,
+            gpus=wiring.gpu_discovery(config, built.injector),
+        )
     health = health_.AgentHealth(config)
     metrics.report_readiness(health.readiness)
     async with contextlib.AsyncExitStack() as stack:
@@ -575,6 +586,12 @@ async def running_agent(
         tap = wiring.SeqTap(
             KnownActorRefusals(event_log, spec.initial) if event_log is not None else None
         )
+        allocator = None
+        if components.gpus is not None:
+            # Before the Agent: it rebuilds the table from the resumed actors' records.
+            allocator = await allocation.GpuAllocator.discovered(
+                components.gpus, name=wiring.worker_name()
+            )
         agent = Agent(
             runtime=components.runtime,
             probe=components.probe,
@@ -585,6 +602,7 @@ async def running_agent(
             metrics=wiring.LifecycleMetricsBridge(metrics),
             resume=recovered.resume if recovered is not None else None,
             gpu=wiring.gpu_settings(config, components.runtime),
+            allocator=allocator,
         )
         agents.append(agent)
         await stack.enter_async_context(agent)

@@ -2,7 +2,8 @@
 
 The production pieces, exactly as the integration tests wire them: the runsc driver
 (:class:`RunscDriver`), the fd-scanning CUDA probe, the worker's GPU injector generating its
-CDI spec with nvidia-ctk once, and :class:`AgentMetrics` in a registry of its own.
+CDI spec with nvidia-ctk once, how the worker's GPUs are learnt for the allocator
+(:func:`gpu_discovery`), and :class:`AgentMetrics` in a registry of its own.
 
 Two small adapters live here because they are the agent's business, not the lifecycle's:
 
@@ -26,10 +27,20 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry
 
+from substrate_gpu import cdi, exceptions
 from substrate_gpu.injection import bundle as bundle_
-from substrate_gpu.injection import toolkit
+from substrate_gpu.injection import devices, toolkit
 from substrate_gpu.injection.injector import WorkerGpuInjector
-from substrate_gpu.lifecycle import events, gpu, hooks, machine, pipeline, registry
+from substrate_gpu.lifecycle import (
+    allocation,
+    errors,
+    events,
+    gpu,
+    hooks,
+    machine,
+    pipeline,
+    registry,
+)
 from substrate_gpu.observability import AgentMetrics
 from substrate_gpu.probes.fd_scan import FdScanProbe
 from substrate_gpu.runsc import driver
@@ -195,3 +206,39 @@ def build_collaborators(config: AgentConfig, metrics: AgentMetrics | None = None
     return Collaborators(
         runtime=runtime, probe=FdScanProbe(), injector=build_injector(config, metrics)
     )
+
+
+def worker_name() -> str:
+    """The worker's name for the GPU metrics: the host name (a worker pod's name)."""
+    return os.uname().nodename
+
+
+def gpu_discovery(config: AgentConfig, injector: WorkerGpuInjector) -> allocation.GpuDiscovery:
+    """How the agent learns its worker's GPUs: from the CDI spec set it injects from.
+
+    A worker without a GPU node (``/dev/nvidia[0-9]*`` under ``dev_root``) is a CPU-only
+    worker: nvidia-ctk is not run and there is no spec, so GPU actors are refused with that
+    reason. Otherwise the spec is generated (once; a failure is retried at the next GPU
+    actor's allocation) and its whole GPUs are the worker's, in index order.
+    """
+    spec_path = config.cdi_output_dir / toolkit.SPEC_FILE_NAME
+
+    async def discover() -> allocation.WorkerGpus:
+        if not devices.has_gpu(config.dev_root):
+            raise errors.AllocationError(
+                f"no CDI spec: {config.dev_root / 'dev'} holds no nvidia[0-9]* device node "
+                f"(a worker without GPUs), so nvidia-ctk did not generate {spec_path}"
+            )
+        try:
+            spec_set = await injector.spec_set()
+        except exceptions.SubstrateGpuError as e:
+            raise errors.AllocationError(f"no CDI spec at {spec_path}: {e}") from e
+        gpus = cdi.list_gpus(spec_set)
+        if not gpus:
+            raise errors.AllocationError(
+                f"the CDI spec {spec_path} defines no whole GPU of kind {cdi.NVIDIA_GPU_KIND} "
+                "(GPUs in MIG mode are not allocatable)"
+            )
+        return allocation.WorkerGpus.of(gpus)
+
+    return discover

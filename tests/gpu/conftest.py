@@ -3,10 +3,12 @@
 CI has no GPU, so "no GPU" is never a failure (unlike a missing runc). On a machine with a
 GPU run them all, in well under 5 minutes::
 
-    .venv/bin/pytest -m gpu tests/gpu -v
+    SUBSTRATE_GPU_FINDINGS=tests/data/gpu .venv/bin/pytest -m gpu tests/gpu -v
 
-What they find on real hardware (the spec nvidia-ctk wrote, the driver's SONAMEs) is written
-under ``$SUBSTRATE_GPU_FINDINGS`` when it is set, to be kept as test data.
+What they find on real hardware (device numbers, nvidia-smi's list, the spec nvidia-ctk wrote,
+the GPUs the agent learns from it, the driver's SONAMEs, what the fd probe and a runc container
+saw) is written as JSON under ``$SUBSTRATE_GPU_FINDINGS`` when it is set, to be kept as test
+data (``tests/data/gpu/``, with a line in its README saying which machine).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""On a real GPU: device numbers, per-device specs from nvidia-ctk, SONAME staging, fd probe.
+"""On a real GPU: device numbers, per-device specs from nvidia-ctk, the agent's GPU discovery,
+one GPU given by name in runc, SONAME staging, the fd probe against a real CUDA context.
 
-Each test says what it checks against the real thing; all are marked ``gpu`` (see conftest).
+Each test says what it checks against the real thing; all are marked ``gpu`` (see conftest),
+and each keeps what it found (``findings``) when ``SUBSTRATE_GPU_FINDINGS`` is set.
 """
 
 from __future__ import annotations
@@ -13,15 +15,19 @@ import sys
 import textwrap
 from pathlib import Path
 
+import anyio
 import pytest
 from support import real
-from support.gpu_hardware import gpu_present
+from support.gpu_hardware import gpu_present, keep
 
 from substrate_gpu import cdi
 from substrate_gpu.cdi import model
-from substrate_gpu.injection import devices
+from substrate_gpu.injection import devices, toolkit
 from substrate_gpu.probes import FdScanProbe
 from substrate_gpu.rootfs import SonameCache, staging
+from substrate_gpu.service import config as config_
+from substrate_gpu.service import wiring
+from substrate_gpu.testing import bundles
 
 pytestmark = pytest.mark.gpu
 
@@ -35,18 +41,21 @@ def gpu_nodes() -> tuple[str, ...]:
 # --- device detection and numbers -----------------------------------------------------------
 
 
-def test_every_gpu_node_resolves_to_195_and_its_index():
+def test_every_gpu_node_resolves_to_195_and_its_index(findings):
     """/dev/nvidiaN is char 195:N on the host, as our resolution reads it."""
     nodes = gpu_nodes()
     assert nodes
+    seen = {}
     for path in nodes:
         resolved = devices.resolve_device(model.DeviceNode(path), dev_root=Path("/"))
+        seen[path] = [resolved.type, resolved.major, resolved.minor, resolved.file_mode]
         assert (resolved.type, resolved.major, resolved.minor) == (
             "c",
             NVIDIA_MAJOR,
             int(path[11:]),
         )
         assert resolved.file_mode is not None
+    keep(findings, "device-nodes", seen)
 
 
 def test_control_nodes_have_their_numbers():
@@ -58,13 +67,14 @@ def test_control_nodes_have_their_numbers():
         assert uvm.type == "c" and uvm.major not in (0, NVIDIA_MAJOR)
 
 
-def test_detected_gpus_match_nvidia_smi():
+def test_detected_gpus_match_nvidia_smi(findings):
     """detect_gpus finds as many GPUs as nvidia-smi lists (when nvidia-smi is installed)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         real.gpu_missing("nvidia-smi is not installed")
     listed = subprocess.run([smi, "-L"], capture_output=True, text=True, check=True, timeout=60)
     gpus = [line for line in listed.stdout.splitlines() if line.startswith("GPU ")]
+    keep(findings, "nvidia-smi-L", gpus)
     assert len(gpus) == len(gpu_nodes())
 
 
@@ -94,9 +104,10 @@ def real_spec(tmp_path_factory) -> cdi.Spec:
     return cdi.load_spec(out, strict=False)
 
 
-def test_real_spec_lists_every_gpu_once(real_spec):
+def test_real_spec_lists_every_gpu_once(real_spec, findings):
     """list_gpus finds one entry per /dev/nvidiaN, each with its index and UUID."""
     gpus = cdi.list_gpus(cdi.SpecSet([real_spec]))
+    keep(findings, "listed-gpus", [[g.name, g.index, g.uuid, g.node, list(g.names)] for g in gpus])
     assert sorted(g.node for g in gpus) == sorted(gpu_nodes())
     for gpu in gpus:
         assert gpu.index is not None
@@ -119,6 +130,85 @@ def test_real_all_device_still_resolves(real_spec):
     assert sorted(n.path for n in edits.device_nodes if n.path[11:].isdigit()) == sorted(
         gpu_nodes()
     )
+
+
+# --- the agent's view: its GPUs, and one GPU given to a container by name ----------------------
+
+
+def toolkit_dir() -> Path:
+    ctk = shutil.which("nvidia-ctk")
+    if ctk is None:
+        real.gpu_missing("nvidia-ctk is not installed")
+    return Path(ctk).resolve().parent
+
+
+def agent_config(tmp_path: Path) -> config_.AgentConfig:
+    """The agent's configuration on this machine: its toolkit, its driver (default /usr)."""
+    return config_.AgentConfig(
+        toolkit_dir=toolkit_dir(),
+        cdi_output_dir=tmp_path / "cdi",
+        driver_root=Path(os.environ.get(toolkit.ENV_DRIVER_ROOT) or "/usr"),
+    )
+
+
+def test_the_agent_learns_the_real_workers_gpus(tmp_path, findings):
+    """The agent's discovery (production generation path: our nvidia-ctk argv) lists every GPU."""
+    config = agent_config(tmp_path)
+    injector = wiring.build_injector(config)
+    worker = anyio.run(wiring.gpu_discovery(config, injector))
+    keep(findings, "agent-worker-gpus", list(worker.names))
+    assert len(worker.names) == len(gpu_nodes())
+    spec = anyio.run(injector.spec_set)
+    assert sorted(g.node for g in cdi.list_gpus(spec)) == sorted(gpu_nodes())
+
+
+OPEN_PROBE = r"""
+for d in /dev/nvidiactl /other/*; do
+  if ( : < $d ) 2>/tmp/err; then echo "open $d ok"; else echo "open $d $(cat /tmp/err)"; fi
+done
+"""
+
+
+def test_a_gpu_given_by_name_is_the_only_one_a_container_can_open(tmp_path, runc_path, findings):
+    """GPU 0 by name into a runc bundle: its node opens; every other GPU's node is EPERM."""
+    injector = wiring.build_injector(agent_config(tmp_path))
+    (first, *_) = cdi.list_gpus(anyio.run(injector.spec_set))
+    bundle = bundles.make_bundle(tmp_path / "bundle", ["sh", "-c", OPEN_PROBE])
+    other = bundle / "rootfs/other"
+    other.mkdir()
+    for node in gpu_nodes():  # every GPU's node in the rootfs: only the cgroup stands between
+        st = os.stat(node)
+        os.mknod(other / Path(node).name, st.st_mode, st.st_rdev)
+    report = anyio.run(lambda: injector.inject(bundle, devices=[first.name]))
+    assert report.outcome == "injected"
+    raw = json.loads((bundle / "config.json").read_text())
+    raw.pop("hooks", None)  # the toolkit's own hooks are not under test here: device access is
+    (bundle / "config.json").write_text(json.dumps(raw))
+    state = tmp_path / "runc-state"
+    result = subprocess.run(
+        [runc_path, "--root", str(state), "run", "--bundle", str(bundle), "sgpu-real-gpu"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    subprocess.run(
+        [runc_path, "--root", str(state), "delete", "--force", "sgpu-real-gpu"], check=False
+    )
+    assert result.returncode == 0, result.stderr
+    opened = dict(
+        line.removeprefix("open ").split(" ", 1)
+        for line in result.stdout.splitlines()
+        if line.startswith("open ")
+    )
+    keep(findings, "runc-open-by-name", {"granted": first.name, "opened": opened})
+    assert opened["/dev/nvidiactl"] == "ok"
+    for node in gpu_nodes():
+        seen = opened[f"/other/{Path(node).name}"]
+        if node == first.node:
+            assert seen == "ok", node
+        else:
+            assert "Operation not permitted" in seen, node
 
 
 # --- SONAME staging on the real driver libraries ---------------------------------------------
@@ -185,7 +275,7 @@ CUDA_HOLDER = textwrap.dedent(
 )
 
 
-def test_fd_probe_sees_a_real_cuda_context():
+def test_fd_probe_sees_a_real_cuda_context(findings):
     """A process holding a CUDA context is seen by the probe; after it exits, nothing is."""
     holder = subprocess.Popen(
         [sys.executable, "-c", CUDA_HOLDER],
@@ -197,6 +287,7 @@ def test_fd_probe_sees_a_real_cuda_context():
         assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
         clients = FdScanProbe().scan((holder.pid,))
         targets = {c.target for c in clients}
+        keep(findings, "fd-probe-cuda-context", sorted(targets))
         assert "/dev/nvidiactl" in targets
         assert targets & set(gpu_nodes())
     finally:

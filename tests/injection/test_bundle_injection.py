@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -68,10 +69,10 @@ def test_write_failure_leaves_old_config_and_no_temp_file(
     """If the rename fails, the old config.json stays and no temp file is left behind."""
     before = (actor_bundle / "config.json").read_bytes()
 
-    def failing_replace(self, target):
+    def failing_replace(source, target):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(Path, "replace", failing_replace)
+    monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(exceptions.InjectionError, match="previous config.json is intact"):
         inject(actor_bundle, node_edits, options)
     monkeypatch.undo()
@@ -142,3 +143,35 @@ def test_older_toolkit_spec_resolves_numbers_from_the_host(
     numbers = {d["path"]: (d["major"], d["minor"]) for d in config["linux"]["devices"]}
     assert numbers["/dev/nvidia0"] == (195, 0)
     assert numbers["/dev/nvidiactl"] == (195, 255)
+
+
+def test_a_reused_plan_follows_a_host_node_whose_numbers_changed(
+    tmp_path, gpu_node, node_edits, options, require_root
+):
+    """The resolution is reused across actors only while the host nodes stat the same."""
+    plans = bundle_.PlanCache()
+    cache = SonameCache()
+    # Numbers left to the host (as nvidia-ctk often does): resolved by stat-ing the node.
+    unnumbered = dataclasses.replace(
+        node_edits, device_nodes=tuple(model.DeviceNode(n.path) for n in node_edits.device_nodes)
+    )
+
+    def gpu0_numbers(name: str) -> tuple[int, int]:
+        bundle = bundles.make_bundle(tmp_path / name, ["true"])
+        bundle_.inject_gpu(
+            bundle, unnumbered, options=options, soname_cache=cache, plan_cache=plans
+        )
+        linux = json.loads((bundle / "config.json").read_text())["linux"]
+        (entry,) = [d for d in linux["devices"] if d["path"] == "/dev/nvidia0"]
+        return entry["major"], entry["minor"]
+
+    first = gpu0_numbers("first")
+    host_node = gpu_node.root / "dev/nvidia0"
+    original = host_node.stat().st_rdev
+    host_node.unlink()
+    os.mknod(host_node, 0o666 | stat.S_IFCHR, os.makedev(first[0], first[1] + 7))
+    try:
+        assert gpu0_numbers("second") == (first[0], first[1] + 7)
+    finally:
+        host_node.unlink()
+        os.mknod(host_node, 0o666 | stat.S_IFCHR, original)

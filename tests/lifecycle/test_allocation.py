@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from lifecycle.doubles import FakeInjector
+from lifecycle.doubles import FakeInjector, FakeRuntime
+from substrate_gpu import preflight
 from substrate_gpu.eventlog import EventLog, replay
 from substrate_gpu.lifecycle import Agent, actors, events, machine
 from substrate_gpu.lifecycle.allocation import (
@@ -25,6 +27,7 @@ from substrate_gpu.lifecycle.allocation import (
     held_by,
 )
 from substrate_gpu.lifecycle.errors import AllocationError, EventSchemaError
+from substrate_gpu.lifecycle.gpu import GpuSettings
 from substrate_gpu.observability.metrics import AgentMetrics
 from substrate_gpu.service.wiring import LifecycleMetricsBridge
 
@@ -318,3 +321,179 @@ async def test_the_gauges_show_the_workers_gpus_allocated_and_free(make_agent: M
         await agent.submit(events.SandboxExited(actor_id="a", status=0))
         await agent.wait_for_state("a", "stopped", timeout=5)
         assert registry.get_sample_value("substrate_gpu_gpus_free", {"worker": "w1"}) == 4
+
+
+# --- deleting, unknown GPUs, records the worker cannot honour -------------------------------
+
+
+@anyio_mark
+async def test_a_deleted_running_actor_keeps_its_gpus_until_its_sandbox_is_gone(
+    make_agent: MakeAgent, runtime: FakeRuntime
+) -> None:
+    allocator = GpuAllocator(FOUR)
+    runtime.gates["delete"] = gate = anyio.Event()
+    async with make_agent(allocator=allocator) as agent:
+        await _register(agent, "old", gpus=4)
+        await _register(agent, "new", gpus=1)
+        await agent.submit(events.RunRequested(actor_id="old"))
+        await agent.wait_for_state("old", "running", timeout=5)
+        await agent.submit(events.RunRequested(actor_id="new"))
+        await agent.wait_for_state("new", "awaiting_gpus", timeout=5)
+        await agent.submit(events.DeleteRequested(actor_id="old"))
+        await agent.wait_for_state("old", "deleting", timeout=5)
+        await anyio.wait_all_tasks_blocked()
+        assert (agent.state_of("new"), allocator.allocated) == ("awaiting_gpus", 4)
+        gate.set()
+        await agent.wait_for_state("new", "running", timeout=5)
+    assert allocator.table == {"new": ("nvidia.com/gpu=0",)}
+
+
+@anyio_mark
+async def test_an_actor_deleted_while_suspended_takes_no_gpu_back(
+    make_agent: MakeAgent, runtime: FakeRuntime
+) -> None:
+    allocator = GpuAllocator(FOUR)
+    async with make_agent(allocator=allocator) as agent:
+        await _register(agent, "a", gpus=1)
+        await _register(agent, "b", gpus=1)
+        await agent.submit(events.RunRequested(actor_id="a"))
+        await agent.wait_for_state("a", "running", timeout=5)
+        await agent.submit(events.SuspendRequested(actor_id="a"))
+        await agent.wait_for_state("a", "suspended", timeout=5)
+        await agent.submit(events.RunRequested(actor_id="b"))
+        await agent.wait_for_state("b", "running", timeout=5)
+        runtime.gates["delete"] = anyio.Event()
+        await agent.submit(events.DeleteRequested(actor_id="a"))
+        await agent.wait_for_state("a", "deleting", timeout=5)
+        # a's last allocation was GPU 0, b's now: deleting a must not claim it again.
+        assert allocator.table == {"b": ("nvidia.com/gpu=0",)}
+        runtime.gates["delete"].set()
+        await agent.wait_for_state("a", "deleted", timeout=5)
+
+
+def _failing_then(worker: WorkerGpus, failures: int) -> Callable[[], Awaitable[WorkerGpus]]:
+    calls = 0
+
+    async def discover() -> WorkerGpus:
+        nonlocal calls
+        calls += 1
+        if calls <= failures:
+            raise AllocationError(f"no CDI spec at /cdi/nvidia.json: attempt {calls} failed")
+        return worker
+
+    return discover
+
+
+@anyio_mark
+async def test_gpu_actors_are_refused_with_the_reason_while_the_workers_gpus_are_unknown(
+    make_agent: MakeAgent,
+) -> None:
+    allocator = await GpuAllocator.discovered(_failing_then(FOUR, 99), name="w1")
+    assert allocator.unknown == "no CDI spec at /cdi/nvidia.json: attempt 1 failed"
+    async with make_agent(allocator=allocator) as agent:
+        await _register(agent, "a", gpus=1)
+        await agent.submit(events.RunRequested(actor_id="a"))
+        await agent.wait_for_state("a", "failed", timeout=5)
+        assert _reason(agent, "a") == (
+            "while allocating GPUs on worker 'w1': this worker has no known GPU: "
+            "no CDI spec at /cdi/nvidia.json: attempt 2 failed"
+        )
+
+
+@anyio_mark
+async def test_the_workers_gpus_are_looked_for_again_at_the_next_allocation(
+    make_agent: MakeAgent,
+) -> None:
+    allocator = await GpuAllocator.discovered(_failing_then(FOUR, 1))
+    assert allocator.unknown is not None and allocator.free == 0
+    async with make_agent(allocator=allocator) as agent:
+        await _register(agent, "a", gpus=1)
+        await agent.submit(events.RunRequested(actor_id="a"))
+        await agent.wait_for_state("a", "running", timeout=5)
+    assert (allocator.unknown, allocator.table) == (None, {"a": ("nvidia.com/gpu=0",)})
+
+
+def test_a_rebuilt_record_of_a_gpu_the_worker_no_longer_has_is_kept_but_not_counted() -> None:
+    two = WorkerGpus.named(["nvidia.com/gpu=0", "nvidia.com/gpu=1"])
+    allocator = GpuAllocator(two)
+    allocator.rebuild([("a", ("nvidia.com/gpu=3",)), ("b", ("nvidia.com/gpu=1",))])
+    assert allocator.table == {"a": ("nvidia.com/gpu=3",), "b": ("nvidia.com/gpu=1",)}
+    assert (allocator.allocated, allocator.free) == (1, 1)
+    assert allocator.decide(GpuRequest(count=1)) == Granted(("nvidia.com/gpu=0",))
+    assert allocator.hold("a", ()) is True
+    assert allocator.table == {"b": ("nvidia.com/gpu=1",)}
+
+
+def test_a_rebuilt_record_is_read_by_any_name_of_its_gpu() -> None:
+    allocator = GpuAllocator(_worker())
+    allocator.rebuild([("a", ("nvidia.com/gpu=GPU-bbbb",))])
+    assert allocator.table == {"a": ("nvidia.com/gpu=1",)}
+    assert isinstance(allocator.decide(GpuRequest(names=("nvidia.com/gpu=1",))), Wait)
+
+
+def test_a_gpu_two_records_hold_stays_taken_until_both_let_go() -> None:
+    allocator = GpuAllocator(FOUR)
+    allocator.rebuild([("a", ("nvidia.com/gpu=0",)), ("b", ("nvidia.com/gpu=0",))])
+    assert allocator.allocated == 1
+    allocator.hold("a", ())
+    assert allocator.decide(GpuRequest(names=("nvidia.com/gpu=0",))) == Wait(
+        "GPU(s) nvidia.com/gpu=0 held by other actors"
+    )
+    assert allocator.hold("b", ()) is True
+    assert allocator.free == 4
+
+
+# --- the checkpoint manifest of an allocated actor ------------------------------------------
+
+
+@pytest.fixture
+def four_gpu_host(tmp_path: Path, runtime: FakeRuntime) -> GpuSettings:
+    """A host with /dev/nvidia0..3 and driver 580.65.06 (no runsc preflight)."""
+    dev = tmp_path / "host/dev"
+    dev.mkdir(parents=True)
+    for i in range(4):
+        (dev / f"nvidia{i}").symlink_to("/dev/null")
+    version = tmp_path / "proc-driver-nvidia-version"
+    version.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  x\n")
+    return GpuSettings(
+        drivers=runtime, dev_root=tmp_path / "host", proc_version=version, driver_preflight=False
+    )
+
+
+async def _suspended_with(agent: Agent, actor_id: str, gpus: int) -> Path:
+    await _register(agent, actor_id, gpus=gpus)
+    await agent.submit(events.RunRequested(actor_id=actor_id))
+    await agent.wait_for_state(actor_id, "running", timeout=5)
+    await agent.submit(events.SuspendRequested(actor_id=actor_id))
+    await agent.wait_for_state(actor_id, "suspended", timeout=5)
+    view = agent.actor(actor_id)
+    assert view is not None and view.checkpoint
+    return Path(view.checkpoint)
+
+
+@anyio_mark
+async def test_an_allocated_actors_checkpoint_counts_its_own_gpus(
+    make_agent: MakeAgent, four_gpu_host: GpuSettings
+) -> None:
+    async with make_agent(allocator=GpuAllocator(FOUR), gpu=four_gpu_host) as agent:
+        image = await _suspended_with(agent, "a", gpus=1)
+    manifest = preflight.read_manifest(image)
+    assert manifest is not None and manifest.gpu_count == 1
+
+
+@anyio_mark
+async def test_a_restore_is_checked_against_the_gpus_allocated_for_it(
+    make_agent: MakeAgent, four_gpu_host: GpuSettings
+) -> None:
+    """A checkpoint of two GPUs is refused onto a one-GPU allocation of a four-GPU worker."""
+    async with make_agent(allocator=GpuAllocator(FOUR), gpu=four_gpu_host) as agent:
+        image = await _suspended_with(agent, "a", gpus=1)
+        manifest = preflight.read_manifest(image)
+        assert manifest is not None
+        preflight.write_manifest(image, dataclasses.replace(manifest, gpu_count=2))
+        await agent.submit(events.RestoreRequested(actor_id="a"))
+        await agent.wait_for_state("a", "suspended", timeout=5)
+        assert _reason(agent, "a") == (
+            "restore refused (restore-fewer-gpus): the checkpoint holds 2 GPU(s), this restore "
+            "was allocated 1 (nvidia.com/gpu=0): restore asking for at least as many GPUs"
+        )

@@ -173,3 +173,22 @@ def test_concurrent_lookups_agree(tmp_path: Path) -> None:
         thread.join()
     assert failures == []
     assert cache.stats.size <= 8
+
+
+def test_lookup_many_answers_like_lookup_with_one_stat_per_known_file(
+    library: Path, opener: CountingOpener, tmp_path: Path
+) -> None:
+    """Misses are read once; a second batch is all hits; a changed file is read again."""
+    (tmp_path / "b").mkdir()
+    other = elflibs.build_shared_library(tmp_path / "b", "libother.so.2.0", "libother.so.2")
+    missing_file = tmp_path / "absent.so.1"
+    cache = SonameCache(opener=opener)
+    first = cache.lookup_many([library, other, missing_file])
+    assert first[:2] == [SonameFound("libcached.so.1"), SonameFound("libother.so.2")]
+    assert isinstance(first[2], SonameUnreadable)
+    assert cache.lookup_many([library, other]) == first[:2]
+    assert (cache.stats.hits, cache.stats.misses, opener.opened) == (2, 2, [library, other])
+    info = other.stat()
+    os.utime(other, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
+    assert cache.lookup_many([library, other]) == first[:2]
+    assert opener.opened == [library, other, other]

@@ -308,6 +308,53 @@ def test_absolute_symlink_directory_keeps_the_link_inside_the_rootfs(world: Worl
     assert os.readlink(mirror / "libcuda.so.1") == "libcuda.so.580.65.06"
 
 
+def test_a_symlinked_subdirectory_of_a_staged_directory_is_resolved_in_the_rootfs(
+    world: World,
+) -> None:
+    """`usr/lib/vdpau -> /<host>/lib64` under an already opened usr/lib: resolved in-root too."""
+    cuda = elflibs.build_shared_library(
+        world.host / "lib64", "libcuda.so.580.65.06", "libcuda.so.1"
+    )
+    vdpau = elflibs.build_shared_library(
+        world.host / "lib64", "libvdpau_nvidia.so.580.65.06", "libvdpau_nvidia.so.1"
+    )
+    mirror = world.root / str(world.host / "lib64").lstrip("/")
+    mirror.mkdir(parents=True)
+    (world.root / "usr/lib/vdpau").symlink_to(world.host / "lib64")
+    before = world.snapshot()
+    report = stage_soname_links(
+        world.root,
+        [(cuda, f"/usr/lib/{cuda.name}"), (vdpau, f"/usr/lib/vdpau/{vdpau.name}")],
+        cache=SonameCache(),
+    )
+    assert world.snapshot() == before
+    assert len(report.created) == 2
+    assert os.readlink(world.root / "usr/lib/libcuda.so.1") == cuda.name
+    assert os.readlink(mirror / "libvdpau_nvidia.so.1") == vdpau.name
+
+
+def test_a_missing_subdirectory_of_a_staged_directory_is_created(tmp_path: Path) -> None:
+    """Links in /usr/lib64 and /usr/lib64/vdpau of an empty rootfs: both directories made."""
+    host = tmp_path / "host"
+    host.mkdir()
+    cuda = elflibs.build_shared_library(host, "libcuda.so.580.65.06", "libcuda.so.1")
+    vdpau = elflibs.build_shared_library(
+        host, "libvdpau_nvidia.so.580.65.06", "libvdpau_nvidia.so.1"
+    )
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    report = stage_soname_links(
+        rootfs,
+        [(vdpau, f"/usr/lib64/vdpau/{vdpau.name}"), (cuda, f"/usr/lib64/{cuda.name}")],
+        cache=SonameCache(),
+    )
+    assert [link.link for link in report.created] == [
+        "/usr/lib64/vdpau/libvdpau_nvidia.so.1",
+        "/usr/lib64/libcuda.so.1",
+    ]
+    assert os.readlink(rootfs / "usr/lib64/vdpau/libvdpau_nvidia.so.1") == vdpau.name
+
+
 def test_unusable_rootfs_raises_injection_error(tmp_path: Path) -> None:
     """A rootfs that is not a directory is an I/O failure, raised as InjectionError."""
     host = tmp_path / "host"
