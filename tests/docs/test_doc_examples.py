@@ -1,0 +1,123 @@
+"""The docs' runnable examples, run as written: a doc whose example stops working fails here.
+
+An example sits between ``<!-- example: NAME -->`` and ``<!-- /example -->`` in a doc, around
+one fenced block. A ``console`` block is a transcript: each ``$ command`` (a trailing ``\\``
+continues it) runs in bash with the virtual environment's ``bin`` first on ``PATH``, and
+what it prints (stdout, then stderr) must equal the lines under it. A ``python`` block runs
+with this interpreter. The only edit is the paths a doc names on a real node
+(``/run/substrate-gpu``, ``/var/lib/substrate-gpu``), moved into a temporary directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from service.agentproc import REPO, AgentProcess
+from support.real import missing
+
+DOCS = REPO / "docs"
+
+
+def example(doc: str, name: str) -> tuple[str, str]:
+    """The fenced block between the markers named ``name`` in ``docs/<doc>``: (language, body)."""
+    text = (DOCS / doc).read_text(encoding="utf-8")
+    found = re.search(
+        rf"<!-- example: {re.escape(name)} -->\n```(\w+)\n(.*?)```\n<!-- /example -->",
+        text,
+        re.DOTALL,
+    )
+    assert found is not None, f"no example {name!r} between markers in docs/{doc}"
+    return found[1], found[2]
+
+
+def transcript(body: str) -> list[tuple[str, list[str]]]:
+    """A console block's (command, expected output lines), in order."""
+    steps: list[tuple[str, list[str]]] = []
+    lines = iter(body.splitlines())
+    for line in lines:
+        if line.startswith("$ "):
+            command = line[2:]
+            while command.endswith("\\"):
+                command = command[:-1] + next(lines).strip()
+            steps.append((command, []))
+        else:
+            assert steps, f"output before any command: {line!r}"
+            steps[-1][1].append(line)
+    return steps
+
+
+class Node:
+    """The doc's node paths, moved under a temporary directory."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.moves = {
+            "/run/substrate-gpu": str(tmp / "run" / "substrate-gpu"),
+            "/var/lib/substrate-gpu": str(tmp / "lib" / "substrate-gpu"),
+        }
+
+    def __call__(self, text: str) -> str:
+        for doc_path, here in self.moves.items():
+            text = text.replace(doc_path, here)
+        return text
+
+
+def run_console(body: str, node: Node) -> None:
+    """Run a transcript; every command's output must be the lines the doc shows."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for command, expected in transcript(body):
+        done = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", node(command)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        printed = done.stdout.splitlines() + done.stderr.splitlines()
+        assert printed == [node(line) for line in expected], f"$ {command}"
+
+
+@pytest.fixture
+def agent_as_documented(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The agent started with agent.md's opening command (paths moved, metrics off)."""
+    node = Node(tmp_path)
+    language, body = example("agent.md", "agent")
+    assert language == "sh"
+    argv = shlex.split(node(body).replace("\\\n", " "))
+    assert argv[:2] == ["substrate-gpu", "agent"], argv
+    agent = AgentProcess(tmp_path, *argv[2:], "--metrics-port", "0")
+    agent.socket = Path(argv[argv.index("--socket") + 1])
+    agent.wait_for_socket()
+    yield node
+    assert agent.terminate() == 0
+
+
+def test_talking_to_the_agent_runs_as_written(agent_as_documented: Node) -> None:
+    """agent.md's client transcript, Python example and socat example, in the doc's order."""
+    if shutil.which("socat") is None:
+        missing("socat")
+    node = agent_as_documented
+    run_console(example("agent.md", "client")[1], node)
+    language, code = example("agent.md", "python")
+    assert language == "python"
+    done = subprocess.run(
+        [sys.executable, "-c", node(code)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["bundle_prepared"]
+    run_console(example("agent.md", "socat")[1], node)
+
+
+def test_replay_example_prints_what_the_doc_shows() -> None:
+    """event-log.md's ``substrate-gpu replay … --actor gpu-1`` prints exactly its transcript."""
+    language, body = example("event-log.md", "replay")
+    assert language == "console"
+    run_console(body, Node(REPO))
