@@ -68,15 +68,15 @@ class Node:
         return text
 
 
-def run_console(body: str, node: Node) -> None:
-    """Run a transcript; every command's output must be the lines the doc shows."""
+def run_console(body: str, node: Node, cwd: Path = REPO) -> None:
+    """Run a transcript in ``cwd``; every command's output must be the lines the doc shows."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     for command, expected in transcript(body):
         done = subprocess.run(
             ["bash", "-o", "pipefail", "-c", node(command)],
             capture_output=True,
             text=True,
-            cwd=REPO,
+            cwd=cwd,
             env=env,
             timeout=60,
             check=False,
@@ -121,3 +121,10 @@ def test_replay_example_prints_what_the_doc_shows() -> None:
     language, body = example("event-log.md", "replay")
     assert language == "console"
     run_console(body, Node(REPO))
+
+
+def test_injecting_on_a_simulated_node_runs_as_written(runc_path: str, tmp_path: Path) -> None:
+    """gpu-injection.md's simulated node, bundle and ``inject --generate``, from an empty dir."""
+    language, body = example("gpu-injection.md", "simulated-inject")
+    assert language == "console"
+    run_console(body, Node(tmp_path), cwd=tmp_path)
