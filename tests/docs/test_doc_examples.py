@@ -128,3 +128,14 @@ def test_injecting_on_a_simulated_node_runs_as_written(runc_path: str, tmp_path:
     language, body = example("gpu-injection.md", "simulated-inject")
     assert language == "console"
     run_console(body, Node(tmp_path), cwd=tmp_path)
+
+
+def test_metrics_example_prints_what_its_last_comment_says() -> None:
+    """observability.md's registry, AgentMetrics and MetricsServer example, run as written."""
+    language, code = example("observability.md", "metrics")
+    assert language == "python"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [code.rstrip().splitlines()[-1].removeprefix("# ")]
