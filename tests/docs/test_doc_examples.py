@@ -17,10 +17,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from service.agentproc import REPO, AgentProcess
 from support.real import missing
+
+from substrate_gpu import eventlog
+from substrate_gpu.testing.sandboxes import SimulatedSandboxes
 
 DOCS = REPO / "docs"
 
@@ -139,3 +143,17 @@ def test_metrics_example_prints_what_its_last_comment_says() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [code.rstrip().splitlines()[-1].removeprefix("# ")]
+
+
+@pytest.mark.anyio
+async def test_event_log_serve_example_creates_then_resumes_a_log(tmp_path: Path) -> None:
+    """event-log.md's ``serve``: a first run creates the log, a second recovers and resumes it."""
+    language, code = example("event-log.md", "serve")
+    assert language == "python"
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/event-log.md", "exec"), namespace)
+    sandboxes = SimulatedSandboxes()  # an in-process runsc and CUDA probe (the test kit)
+    log = tmp_path / "events.jsonl"
+    await namespace["serve"](log, sandboxes, sandboxes, None, tmp_path / "checkpoints")
+    assert eventlog.read_log(log).records == []
+    await namespace["serve"](log, sandboxes, sandboxes, None, tmp_path / "checkpoints")
