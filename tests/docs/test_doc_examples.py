@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from service.agentproc import REPO, AgentProcess
 from support.real import missing
 
 from substrate_gpu import eventlog
+from substrate_gpu.pools import validation
 from substrate_gpu.testing.sandboxes import SimulatedSandboxes
 
 DOCS = REPO / "docs"
@@ -157,3 +159,24 @@ async def test_event_log_serve_example_creates_then_resumes_a_log(tmp_path: Path
     await namespace["serve"](log, sandboxes, sandboxes, None, tmp_path / "checkpoints")
     assert eventlog.read_log(log).records == []
     await namespace["serve"](log, sandboxes, sandboxes, None, tmp_path / "checkpoints")
+
+
+def _documented_pools() -> list[str]:
+    """api-guide.md's WorkerPool YAML blocks that are whole documents (not spec fragments)."""
+    text = (DOCS / "api-guide.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)
+    return [block for block in blocks if "kind: WorkerPool" in block]
+
+
+def test_api_guide_has_whole_pools_to_check() -> None:
+    """The user's form, every option, and the upstream form are found (three at least)."""
+    assert len(_documented_pools()) >= 3
+
+
+@pytest.mark.parametrize(
+    "pool", _documented_pools(), ids=lambda pool: re.findall(r"name: ([\w-]+)", pool)[0]
+)
+def test_every_whole_pool_in_the_api_guide_validates(pool: str) -> None:
+    """A pool the guide shows is accepted as written (no errors; warnings allowed)."""
+    report = validation.validate_document(yaml.safe_load(pool))
+    assert report.errors == ()
