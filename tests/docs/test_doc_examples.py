@@ -2,14 +2,18 @@
 
 An example sits between ``<!-- example: NAME -->`` and ``<!-- /example -->`` in a doc, around
 one fenced block. A ``console`` block is a transcript: each ``$ command`` (a trailing ``\\``
-continues it) runs in bash with the virtual environment's ``bin`` first on ``PATH``, and
-what it prints (stdout, then stderr) must equal the lines under it. A ``python`` block runs
-with this interpreter. The only edit is the paths a doc names on a real node
+continues it) runs in bash with the virtual environment's ``bin`` first on ``PATH`` (a plain
+``substrate-gpu …`` command, without shell syntax, through the CLI's ``main`` in this
+process: the same code, without a second of imports per line), and what it prints (stdout,
+then stderr) must equal the lines under it. A ``python`` block runs as written.
+When a scenario log or an output format changes on purpose, update the doc's transcript. The only edit is the paths a doc names on a real node
 (``/run/substrate-gpu``, ``/var/lib/substrate-gpu``), moved into a temporary directory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shlex
@@ -24,7 +28,7 @@ import yaml
 from service.agentproc import REPO, AgentProcess
 from support.real import missing
 
-from substrate_gpu import eventlog
+from substrate_gpu import cli, eventlog
 from substrate_gpu.pools import validation
 from substrate_gpu.testing.sandboxes import SimulatedSandboxes
 
@@ -74,20 +78,40 @@ class Node:
         return text
 
 
+#: Shell syntax that needs bash (a pipe, a variable, a redirection, a list of commands).
+SHELL_SYNTAX = re.compile(r"[|&;<>$`]")
+
+
+def _in_process(argv: list[str], cwd: Path) -> list[str]:
+    """``substrate-gpu ARGV`` in ``cwd`` through the CLI's own ``main``: what it printed
+    (out, then err).
+
+    A plain command needs no shell, and a process each would cost the suite a second of
+    imports; anything with shell syntax runs in bash."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        cli.main(argv)
+    return out.getvalue().splitlines() + err.getvalue().splitlines()
+
+
 def run_console(body: str, node: Node, cwd: Path = REPO) -> None:
     """Run a transcript in ``cwd``; every command's output must be the lines the doc shows."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     for command, expected in transcript(body):
-        done = subprocess.run(
-            ["bash", "-o", "pipefail", "-c", node(command)],
-            capture_output=True,
-            text=True,
-            cwd=cwd,
-            env=env,
-            timeout=60,
-            check=False,
-        )
-        printed = done.stdout.splitlines() + done.stderr.splitlines()
+        argv = shlex.split(node(command))
+        if argv[0] == "substrate-gpu" and not SHELL_SYNTAX.search(command):
+            printed = _in_process(argv[1:], cwd)
+        else:
+            done = subprocess.run(
+                ["bash", "-o", "pipefail", "-c", node(command)],
+                capture_output=True,
+                text=True,
+                cwd=cwd,
+                env=env,
+                timeout=60,
+                check=False,
+            )
+            printed = done.stdout.splitlines() + done.stderr.splitlines()
         assert printed == [node(line) for line in expected], f"$ {command}"
 
 
@@ -140,11 +164,10 @@ def test_metrics_example_prints_what_its_last_comment_says() -> None:
     """observability.md's registry, AgentMetrics and MetricsServer example, run as written."""
     language, code = example("observability.md", "metrics")
     assert language == "python"
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [code.rstrip().splitlines()[-1].removeprefix("# ")]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "docs/observability.md", "exec"), {})
+    assert out.getvalue().splitlines() == [code.rstrip().splitlines()[-1].removeprefix("# ")]
 
 
 @pytest.mark.anyio
