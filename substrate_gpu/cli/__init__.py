@@ -131,7 +131,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = handler(args)
         sys.stdout.flush()  # here, so a reader gone by now is handled below
-        return code
     except exceptions.SubstrateGpuError as e:
         print(f"substrate-gpu: error: {_errors.describe(e)}", file=sys.stderr)
         return EXIT_FAILED
@@ -146,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return EXIT_OK
+    return code
 
 
 def _stdout_reader_left() -> bool:
