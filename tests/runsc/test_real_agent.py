@@ -4,6 +4,7 @@ reconciliation, no actor is lost and no sandbox is leaked (``runsc list`` empty 
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -140,3 +141,7 @@ def test_sigkill_while_sandboxes_run_and_mid_checkpoint_loses_nothing(
         ["pgrep", "-f", f"runsc-sandbox.*{root}"], capture_output=True, check=False
     )
     assert leftovers.stdout == b""
+    # Every sandbox stacked a --network=none namespace mount on <root>/null-netns; the
+    # teardown helper drops them all (one left behind breaks pytest's later clean-up).
+    runsc_.delete_all(real_runsc, root)
+    assert not os.path.ismount(root / "null-netns")
