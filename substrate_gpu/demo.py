@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -497,6 +499,17 @@ def replayed_states(path: Path) -> dict[str, str]:
     return {actor_id: view.state for actor_id, view in result.actors.items()}
 
 
+def _own_command() -> str:
+    """``substrate-gpu`` as the reader can run it: by name when it is on PATH, else the
+    script they ran (``.venv/bin/substrate-gpu``), else this interpreter's ``-m``."""
+    if shutil.which("substrate-gpu"):
+        return "substrate-gpu"
+    script = Path(sys.argv[0])
+    if script.name == "substrate-gpu":
+        return shlex.quote(str(script))
+    return f"{shlex.quote(sys.executable)} -m substrate_gpu"
+
+
 async def run_demo_async(workdir: Path, out: TextIO, keep_log_as: Path | None = None) -> DemoResult:
     """Build the node, run the lives through the agent, replay the log.
 
@@ -551,7 +564,7 @@ async def run_demo_async(workdir: Path, out: TextIO, keep_log_as: Path | None = 
     )
     # Named once, at the end: the path that outlives the run (a temporary workdir does not).
     print(f"event log (kept): {event_log}", file=out)
-    print(f"every actor's timeline: substrate-gpu replay {event_log}", file=out)
+    print(f"every actor's timeline: {_own_command()} replay {event_log}", file=out)
     return DemoResult(
         workdir=workdir,
         runtime=demo.runtime,

@@ -5,7 +5,7 @@ Each subsystem owns one module here (``_inject``, ``_cdi``, ``_pool``, …) expo
 
 Exit codes (documented in the README):
 
-- 0: success
+- 0: success (also when the reader of the output left early: `… | head`)
 - 1: the operation failed (a :class:`~substrate_gpu.exceptions.SubstrateGpuError`): the
   message says what and where; nothing was half-written
 - 2: the command line itself is wrong (argparse; the usage printed is the typed command's)
@@ -17,6 +17,8 @@ Error messages are worded in one place, :mod:`._errors`.
 from __future__ import annotations
 
 import argparse
+import os
+import select
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -127,12 +129,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     observability.configure_logging(json=json_logs, level=level)
     handler: Handler = args.handler
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # here, so a reader gone by now is handled below
     except exceptions.SubstrateGpuError as e:
         print(f"substrate-gpu: error: {_errors.describe(e)}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        if not _stdout_reader_left():
+            raise
+        # `… | head`: the reader has what it wanted. Stop quietly, and point stdout at
+        # /dev/null so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_OK
+    return code
+
+
+def _stdout_reader_left() -> bool:
+    """Whether stdout is a pipe whose reader has gone (a broken socket is another error)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(mask & select.POLLERR for _, mask in poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 if __name__ == "__main__":  # pragma: no cover

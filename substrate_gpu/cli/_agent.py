@@ -31,7 +31,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     io = parser.add_argument_group("requests and state")
-    io.add_argument("--socket", type=Path, help="Unix socket to serve (created mode 0600)")
+    io.add_argument(
+        "--socket",
+        type=Path,
+        help="Unix socket to serve (created mode 0600; its directory 0700 when absent)",
+    )
     io.add_argument(
         "--stdin",
         action="store_true",
@@ -42,63 +46,61 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=Path,
         help="the event log (created if absent; recovered and resumed if present)",
     )
-    io.add_argument(
+    _defaulted(
+        io,
         "--checkpoint-root",
-        type=Path,
-        default=config_.DEFAULT_CHECKPOINT_ROOT,
-        help="checkpoint images go to DIR/<actor>/<seq> (default: %(default)s)",
+        Path,
+        config_.DEFAULT_CHECKPOINT_ROOT,
+        "checkpoint images go to DIR/<actor>/<seq>",
     )
-    io.add_argument(
+    _defaulted(
+        io,
         "--drain-timeout",
-        type=float,
-        default=config_.DEFAULT_DRAIN_TIMEOUT,
-        help="on SIGTERM/SIGINT, seconds to let running effects finish (default: %(default)s)",
+        float,
+        config_.DEFAULT_DRAIN_TIMEOUT,
+        "on SIGTERM/SIGINT, seconds to let running effects finish",
     )
     limits = parser.add_argument_group("client limits (socket)")
-    limits.add_argument(
+    _defaulted(
+        limits,
         "--max-clients",
-        type=int,
-        default=config_.DEFAULT_MAX_CLIENTS,
-        help="clients served at once; one more is answered 'busy' (default: %(default)s)",
+        int,
+        config_.DEFAULT_MAX_CLIENTS,
+        "clients served at once; one more is answered 'busy'",
     )
-    limits.add_argument(
+    _defaulted(
+        limits,
         "--idle-timeout",
-        type=float,
-        default=config_.DEFAULT_IDLE_TIMEOUT,
-        help="seconds a client may stay connected sending nothing (default: %(default)s)",
+        float,
+        config_.DEFAULT_IDLE_TIMEOUT,
+        "seconds a client may stay connected sending nothing",
     )
-    limits.add_argument(
+    _defaulted(
+        limits,
         "--line-timeout",
-        type=float,
-        default=config_.DEFAULT_LINE_TIMEOUT,
-        help="seconds a client has to finish a line it started, and to take an answer "
-        "(default: %(default)s)",
+        float,
+        config_.DEFAULT_LINE_TIMEOUT,
+        "seconds a client has to finish a line it started, and to take an answer",
     )
     metrics = parser.add_argument_group("metrics")
-    metrics.add_argument(
-        "--metrics-host", default=DEFAULT_HOST, help="metrics address (default: %(default)s)"
-    )
-    metrics.add_argument(
+    _defaulted(metrics, "--metrics-host", str, DEFAULT_HOST, "metrics address")
+    _defaulted(
+        metrics,
         "--metrics-port",
-        type=int,
-        default=DEFAULT_PORT,
-        help="metrics port, also serving /healthz and /readyz; 0 turns the endpoint off "
-        "(default: %(default)s)",
+        int,
+        DEFAULT_PORT,
+        "metrics port, also serving /healthz and /readyz; 0 turns the endpoint off",
     )
-    metrics.add_argument(
+    _defaulted(
+        metrics,
         "--liveness-timeout",
-        type=float,
-        default=config_.DEFAULT_LIVENESS_TIMEOUT,
-        help="seconds without an event-loop heartbeat before /healthz fails (default: %(default)s)",
+        float,
+        config_.DEFAULT_LIVENESS_TIMEOUT,
+        "seconds without an event-loop heartbeat before /healthz fails",
     )
     runtime = parser.add_argument_group("runtime and GPU injection")
-    runtime.add_argument("--runsc", default="runsc", help="the runsc binary (default: %(default)s)")
-    runtime.add_argument(
-        "--runsc-root",
-        type=Path,
-        default=config_.DEFAULT_RUNSC_ROOT,
-        help="runsc --root (default: %(default)s)",
-    )
+    _defaulted(runtime, "--runsc", str, "runsc", "the runsc binary")
+    _defaulted(runtime, "--runsc-root", Path, config_.DEFAULT_RUNSC_ROOT, "runsc --root")
     runtime.add_argument(
         "--runsc-flag",
         dest="runsc_flags",
@@ -115,24 +117,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"NVIDIA driver root (default: ${toolkit.ENV_DRIVER_ROOT} or "
         f"{toolkit.DEFAULT_DRIVER_ROOT})",
     )
-    runtime.add_argument(
-        "--toolkit-dir",
-        type=Path,
-        default=toolkit.DEFAULT_TOOLKIT_DIR,
-        help="the mounted NVIDIA toolkit (default: %(default)s)",
+    _defaulted(
+        runtime, "--toolkit-dir", Path, toolkit.DEFAULT_TOOLKIT_DIR, "the mounted NVIDIA toolkit"
     )
-    runtime.add_argument(
+    _defaulted(
+        runtime,
         "--cdi-output-dir",
-        type=Path,
-        default=config_.DEFAULT_CDI_OUTPUT_DIR,
-        help="where the worker's CDI spec is generated (default: %(default)s)",
+        Path,
+        config_.DEFAULT_CDI_OUTPUT_DIR,
+        "where the worker's CDI spec is generated",
     )
-    runtime.add_argument(
-        "--dev-root",
-        type=Path,
-        default=Path("/"),
-        help="host-root prefix for stat-ing device nodes (default: %(default)s)",
-    )
+    _defaulted(runtime, "--dev-root", Path, Path("/"), "host-root prefix for stat-ing device nodes")
     suspend = parser.add_argument_group("driver preflight and GPU-aware suspend")
     suspend.add_argument(
         "--no-driver-preflight",
@@ -156,6 +151,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "looping forever (the runtime/injection flags are ignored)",
     )
     parser.set_defaults(handler=run, default_log_level="INFO", usage_error=parser.error)
+
+
+def _defaulted(
+    group: argparse._ArgumentGroup, flag: str, kind: type, default: object, help: str
+) -> None:
+    """A flag with a value and a default, the default named in its help."""
+    group.add_argument(flag, type=kind, default=default, help=f"{help} (default: %(default)s)")
 
 
 def config_from(args: argparse.Namespace) -> config_.AgentConfig:

@@ -15,7 +15,6 @@ import dataclasses
 import datetime
 import difflib
 import json
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,19 +70,13 @@ def run(args: argparse.Namespace) -> int:
         )
     _warn_unshowable_times(path, contents)
     timelines = _timelines(contents, result, args.actor)
-    try:
-        if args.json:
-            json.dump(_document(result, timelines), sys.stdout, indent=2, ensure_ascii=False)
-            sys.stdout.write("\n")
-        else:
-            _print_text(sys.stdout, result, timelines)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # The reader left (`| head`): stop writing; point stdout at /dev/null so the
-        # interpreter's final flush does not raise again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+    # A reader that leaves (`| head`) is main's to handle, as for every command.
+    if args.json:
+        json.dump(_document(result, timelines), sys.stdout, indent=2, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        _print_text(sys.stdout, result, timelines)
+    sys.stdout.flush()
     return EXIT_OK
 
 

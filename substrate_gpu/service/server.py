@@ -367,6 +367,14 @@ async def serve_socket(
 ) -> None:
     """Accept connections on the Unix socket ``path`` (mode 0600) until cancelled."""
     limits = limits or ClientLimits()
+    try:
+        # Private like the socket (systemd's RuntimeDirectoryMode=0700); an existing one is kept.
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise exceptions.ConfigError(
+            f"while creating the agent socket's directory {path.parent}: {e.strerror or e}; "
+            "check its parent is writable, or choose another --socket"
+        ) from e
     _claim_socket_path(path)
     # umask while binding: the socket is never reachable by others, not even briefly.
     old = os.umask(0o177)

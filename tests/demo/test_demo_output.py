@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -32,6 +33,22 @@ def test_the_demo_names_one_event_log_and_it_is_kept(temp_demo: str) -> None:
     named = set(re.findall(r"(/\S+events\.jsonl)", temp_demo))
     assert len(named) == 1, named
     assert Path(named.pop()).is_file()
+
+
+def test_the_replay_command_it_prints_runs_as_printed(
+    no_runc: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The closing hint is a command a newcomer can paste, venv activated or not."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # substrate-gpu not on PATH, as after the README
+    out = io.StringIO()
+    demo.main(tmp_path, out)
+    hint = out.getvalue().splitlines()[-1]
+    command = hint.removeprefix("every actor's timeline: ")
+    done = subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "actor gpu-trainer" in done.stdout
 
 
 def test_the_demo_says_what_is_simulated_and_why(temp_demo: str) -> None:

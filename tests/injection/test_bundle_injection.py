@@ -9,6 +9,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from support.gpu_nodes import injection_options
 
 from substrate_gpu import exceptions
 from substrate_gpu.cdi import model
@@ -19,11 +20,7 @@ from substrate_gpu.testing import bundles
 
 @pytest.fixture
 def options(gpu_node) -> bundle_.InjectionOptions:
-    return bundle_.InjectionOptions(
-        driver_root=str(gpu_node.driver_root),
-        dev_root=gpu_node.root,
-        toolkit_dir=gpu_node.toolkit_dir,
-    )
+    return injection_options(gpu_node)
 
 
 @pytest.fixture

@@ -13,11 +13,11 @@ import json
 import re
 import shutil
 import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
-from support.gpu_nodes import generate_spec
+from support import runc_bundle
+from support.gpu_nodes import generate_spec, injection_options
 
 from substrate_gpu import cdi
 from substrate_gpu.injection import bundle as bundle_
@@ -84,30 +84,6 @@ def make_actor_bundle(
     return bundle
 
 
-def run_in_runc(runc: str, bundle: Path, state_root: Path) -> list[str]:
-    container_id = f"sgpu-e2e-{uuid.uuid4().hex[:12]}"
-    try:
-        result = subprocess.run(
-            [runc, "--root", str(state_root), "run", "--bundle", str(bundle), container_id],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    finally:
-        subprocess.run(
-            [runc, "--root", str(state_root), "delete", "--force", container_id],
-            capture_output=True,
-            check=False,
-        )
-    assert result.returncode == 0, result.stderr
-    return result.stdout.splitlines()
-
-
-def lines_with(prefix: str, lines: list[str]) -> list[str]:
-    return [line.removeprefix(prefix + " ") for line in lines if line.startswith(prefix + " ")]
-
-
 @pytest.fixture(scope="module")
 def actor_run(gpu_node, node_edits, runc_path, tmp_path_factory):
     """Inject into a bundle whose image sets NVIDIA_VISIBLE_DEVICES and LD_LIBRARY_PATH, run it."""
@@ -131,16 +107,12 @@ def actor_run(gpu_node, node_edits, runc_path, tmp_path_factory):
     report = bundle_.inject_gpu(
         bundle,
         node_edits,
-        options=bundle_.InjectionOptions(
-            driver_root=str(gpu_node.driver_root),
-            dev_root=gpu_node.root,
-            toolkit_dir=gpu_node.toolkit_dir,
-        ),
+        options=injection_options(gpu_node),
         soname_cache=SonameCache(),
     )
     assert report.outcome == "injected"
     config = json.loads((bundle / "config.json").read_text())
-    lines = run_in_runc(runc_path, bundle, work / "runc-state")
+    lines = runc_bundle.run_to_completion(runc_path, bundle, work / "runc-state")
     hooks = [json.loads(line) for line in gpu_node.hook_log.read_text().splitlines()]
     return lines, config, hooks, libdir
 
@@ -148,7 +120,7 @@ def actor_run(gpu_node, node_edits, runc_path, tmp_path_factory):
 def test_device_nodes_have_the_host_numbers(actor_run):
     """Injected nodes exist in the actor as char devices with the host's major:minor."""
     lines, *_ = actor_run
-    assert sorted(lines_with("node", lines)) == [
+    assert sorted(runc_bundle.lines_with("node", lines)) == [
         "/dev/nvidia-uvm character special file eb 0",
         "/dev/nvidia-uvm-tools character special file eb 1",
         "/dev/nvidia0 character special file c3 0",
@@ -159,7 +131,7 @@ def test_device_nodes_have_the_host_numbers(actor_run):
 def test_injected_node_passes_the_cgroup(actor_run):
     """Opening an injected node reaches the (absent) driver: ENXIO, not EPERM."""
     lines, *_ = actor_run
-    opened = dict(line.split(" ", 1) for line in lines_with("open", lines))
+    opened = dict(line.split(" ", 1) for line in runc_bundle.lines_with("open", lines))
     assert "No such device or address" in opened["/dev/nvidia0"]
     assert "No such device or address" in opened["/dev/nvidiactl"]
 
@@ -167,14 +139,14 @@ def test_injected_node_passes_the_cgroup(actor_run):
 def test_node_outside_the_allow_list_is_denied(actor_run):
     """A GPU node the spec did not grant is refused by the device cgroup (EPERM)."""
     lines, *_ = actor_run
-    opened = dict(line.split(" ", 1) for line in lines_with("open", lines))
+    opened = dict(line.split(" ", 1) for line in runc_bundle.lines_with("open", lines))
     assert "Operation not permitted" in opened["/denied/nvidia9"]
 
 
 def test_libraries_are_mounted_read_only(actor_run):
     """Every driver library mount in the actor is read-only."""
     lines, _, _, libdir = actor_run
-    mounts = lines_with("mount", lines)
+    mounts = runc_bundle.lines_with("mount", lines)
     assert len(mounts) == len(node_.DEFAULT_LIBRARIES)
     for mount in mounts:
         destination, options = mount.split(" ")
@@ -185,8 +157,8 @@ def test_libraries_are_mounted_read_only(actor_run):
 def test_soname_resolves_through_the_staged_link(actor_run):
     """dlopen("libcuda.so.1") finds the driver library via LD_LIBRARY_PATH and our link."""
     lines, *_ = actor_run
-    assert "libcuda.so.1 libcuda.so.580.65.06" in lines_with("link", lines)
-    assert lines_with("dlopen", lines) == [
+    assert "libcuda.so.1 libcuda.so.580.65.06" in runc_bundle.lines_with("link", lines)
+    assert runc_bundle.lines_with("dlopen", lines) == [
         "libcuda.so.1 OK libcuda.so.1",
         "libnvidia-ml.so.1 OK libnvidia-ml.so.1",
     ]
@@ -203,7 +175,7 @@ def test_env_is_exactly_as_specified(actor_run):
         f"NVIDIA_CTK_LIBCUDA_DIR={libdir}",
         f"LD_LIBRARY_PATH={libdir}:/opt/app/lib",
     ]
-    env = lines_with("env", lines)
+    env = runc_bundle.lines_with("env", lines)
     assert not [e for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")]
     assert [e for e in env if e.startswith("LD_LIBRARY_PATH=")] == [
         f"LD_LIBRARY_PATH={libdir}:/opt/app/lib"
@@ -216,7 +188,7 @@ def test_allowlisted_hooks_ran_and_others_did_not(actor_run):
     assert [h["argv"][1] for h in hooks] == ["create-symlinks", "enable-cuda-compat"]
     assert all(h["argv"][0].endswith("/opt/nvidia-toolkit/nvidia-cdi-hook.real") for h in hooks)
     # create-symlinks really created its link inside the actor's root.
-    assert "libcuda.so libcuda.so.1" in lines_with("link", lines)
+    assert "libcuda.so libcuda.so.1" in runc_bundle.lines_with("link", lines)
     assert len(config["hooks"]["createContainer"]) == 2
 
 
@@ -274,5 +246,5 @@ def test_multi_gpu_worker_gets_exactly_its_own_devices(held, absent, gpu_node, r
     }
     assert {(195, i) for i in held} <= rules
     assert not {(195, i) for i in absent} & rules
-    lines = run_in_runc(runc_path, bundle, tmp_path / "runc-state")
+    lines = runc_bundle.run_to_completion(runc_path, bundle, tmp_path / "runc-state")
     assert [line for line in lines if not line.startswith("open")] == [f"nvidia{i}" for i in held]

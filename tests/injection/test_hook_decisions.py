@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import structlog
 from structlog.testing import capture_logs
+from support.gpu_nodes import injection_options
 
 from substrate_gpu.cdi import model
 from substrate_gpu.injection import bundle as bundle_
@@ -82,11 +83,7 @@ def test_skip_log_lines_carry_the_reason(node_edits, gpu_node, tmp_path, monkeyp
         bundle_.inject_gpu(
             bundle,
             node_edits,
-            options=bundle_.InjectionOptions(
-                driver_root=str(gpu_node.driver_root),
-                dev_root=gpu_node.root,
-                toolkit_dir=gpu_node.toolkit_dir,
-            ),
+            options=injection_options(gpu_node),
             soname_cache=SonameCache(),
         )
     skipped = {e["hook"]: e["reason"] for e in logs if e["event"] == "cdi_hook_skipped"}

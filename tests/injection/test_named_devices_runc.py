@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import uuid
 
 import anyio
 import pytest
-from support.gpu_nodes import toolkit_config
+from support import runc_bundle
+from support.gpu_nodes import injection_options, toolkit_config
 
 from substrate_gpu import cdi, exceptions
-from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.injection import toolkit
 from substrate_gpu.injection.injector import WorkerGpuInjector
 from substrate_gpu.testing import bundles
@@ -36,31 +35,6 @@ done
 """
 
 
-def run_in_runc(runc: str, bundle, state_root) -> list[str]:
-    """Run the bundle to completion in runc; its stdout lines."""
-    container_id = f"sgpu-named-{uuid.uuid4().hex[:12]}"
-    try:
-        result = subprocess.run(
-            [runc, "--root", str(state_root), "run", "--bundle", str(bundle), container_id],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    finally:
-        subprocess.run(
-            [runc, "--root", str(state_root), "delete", "--force", container_id],
-            capture_output=True,
-            check=False,
-        )
-    assert result.returncode == 0, result.stderr
-    return result.stdout.splitlines()
-
-
-def lines_with(prefix: str, lines: list[str]) -> list[str]:
-    return [line.removeprefix(prefix + " ") for line in lines if line.startswith(prefix + " ")]
-
-
 @pytest.fixture(scope="module")
 def four_gpu_worker(require_root, tmp_path_factory):
     """A 4-GPU node (real 195:N nodes) and a worker injector generating its spec."""
@@ -68,9 +42,7 @@ def four_gpu_worker(require_root, tmp_path_factory):
     sim = node_.build_node(work / "root", gpus=(0, 1, 2, 3), real_device_nodes=True)
     injector = WorkerGpuInjector(
         generator=toolkit.CdiSpecGenerator(toolkit_config(sim, work / "cdi")),
-        options=bundle_.InjectionOptions(
-            driver_root=str(sim.driver_root), dev_root=sim.root, toolkit_dir=sim.toolkit_dir
-        ),
+        options=injection_options(sim),
     )
     return sim, injector
 
@@ -93,13 +65,13 @@ def gpu2_actor(four_gpu_worker, runc_path, tmp_path_factory):
     report = anyio.run(lambda: injector.inject(bundle, devices=["nvidia.com/gpu=2"]))
     assert report.outcome == "injected"
     config = json.loads((bundle / "config.json").read_text())
-    return config, run_in_runc(runc_path, bundle, work / "runc-state")
+    return config, runc_bundle.run_to_completion(runc_path, bundle, work / "runc-state")
 
 
 def test_only_gpu_2_is_in_the_actor(gpu2_actor):
     """/dev holds nvidia2 and the control nodes, no other GPU."""
     _, lines = gpu2_actor
-    assert sorted(lines_with("dev", lines)) == [
+    assert sorted(runc_bundle.lines_with("dev", lines)) == [
         "nvidia-uvm",
         "nvidia-uvm-tools",
         "nvidia2",
@@ -110,7 +82,7 @@ def test_only_gpu_2_is_in_the_actor(gpu2_actor):
 def test_gpu_2_passes_the_cgroup(gpu2_actor):
     """Opening /dev/nvidia2 (and nvidiactl) reaches the absent driver: ENXIO, not EPERM."""
     _, lines = gpu2_actor
-    opened = dict(line.split(" ", 1) for line in lines_with("open", lines))
+    opened = dict(line.split(" ", 1) for line in runc_bundle.lines_with("open", lines))
     assert "No such device or address" in opened["/dev/nvidia2"]
     assert "No such device or address" in opened["/dev/nvidiactl"]
 
@@ -119,7 +91,7 @@ def test_gpu_2_passes_the_cgroup(gpu2_actor):
 def test_other_gpus_are_denied_by_the_cgroup(gpu2_actor, index):
     """The other GPUs' nodes, present in the rootfs, are refused by the device cgroup (EPERM)."""
     _, lines = gpu2_actor
-    opened = dict(line.split(" ", 1) for line in lines_with("open", lines))
+    opened = dict(line.split(" ", 1) for line in runc_bundle.lines_with("open", lines))
     assert "Operation not permitted" in opened[f"/other/nvidia{index}"]
 
 

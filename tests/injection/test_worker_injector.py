@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.gpu_nodes import toolkit_config
+from support.gpu_nodes import injection_options, toolkit_config
 
 from substrate_gpu.exceptions import DeviceRequestError
 from substrate_gpu.injection import bundle as bundle_
@@ -21,11 +21,7 @@ async def test_generates_once_and_injects_many_actors(gpu_node, tmp_path):
     generator = toolkit.CdiSpecGenerator(toolkit_config(gpu_node, tmp_path / "cdi"))
     injector = WorkerGpuInjector(
         generator=generator,
-        options=bundle_.InjectionOptions(
-            driver_root=str(gpu_node.driver_root),
-            dev_root=gpu_node.root,
-            toolkit_dir=gpu_node.toolkit_dir,
-        ),
+        options=injection_options(gpu_node),
     )
     counts = [
         await injector(bundles.make_bundle(tmp_path / f"actor{i}", ["true"])) for i in range(3)
@@ -51,11 +47,7 @@ async def test_skipped_hooks_are_counted_by_name(gpu_node, tmp_path):
     registry = CollectorRegistry()
     injector = WorkerGpuInjector(
         generator=toolkit.CdiSpecGenerator(toolkit_config(gpu_node, tmp_path / "cdi")),
-        options=bundle_.InjectionOptions(
-            driver_root=str(gpu_node.driver_root),
-            dev_root=gpu_node.root,
-            toolkit_dir=gpu_node.toolkit_dir,
-        ),
+        options=injection_options(gpu_node),
         metrics=AgentMetrics(registry),
     )
     bundle = bundles.make_bundle(tmp_path / "actor", ["true"])
@@ -93,11 +85,7 @@ def dra_injector(gpu_node, tmp_path):
     spec_dir.mkdir()
     injector = WorkerGpuInjector(
         generator=toolkit.CdiSpecGenerator(toolkit_config(gpu_node, tmp_path / "cdi")),
-        options=bundle_.InjectionOptions(
-            driver_root=str(gpu_node.driver_root),
-            dev_root=gpu_node.root,
-            toolkit_dir=gpu_node.toolkit_dir,
-        ),
+        options=injection_options(gpu_node),
         spec_dirs=[spec_dir],
     )
     return injector, spec_dir

@@ -37,6 +37,20 @@ def test_socket_is_private_and_acks_accepted_events(tmp_path):
         assert agent.terminate() == 0
 
 
+def test_a_missing_socket_directory_is_created_private(tmp_path):
+    """--socket in a directory that does not exist yet: it is made (0700) and served."""
+    socket_path = tmp_path / "run" / "substrate-gpu" / "agent.sock"
+    agent = AgentProcess(tmp_path, "--socket", str(socket_path), "--metrics-port", "0")
+    agent.socket = socket_path
+    try:
+        agent.wait_for_socket()
+        assert stat.S_IMODE(socket_path.parent.stat().st_mode) == 0o700
+        with agent.client() as client:
+            assert client.requests([register("a1")])[0]["ok"] is True
+    finally:
+        assert agent.terminate() == 0
+
+
 def test_malformed_input_never_crashes_and_never_reaches_the_log(tmp_path):
     """Every kind of bad line gets an error naming its line; the log holds only accepted events."""
     bad_lines = [

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.injection import toolkit
 
 if TYPE_CHECKING:
@@ -41,3 +42,10 @@ def generate_spec(
     """Run CdiSpecGenerator against the node's toolkit stand-in."""
     config = toolkit_config(sim, output_dir, toolkit_version=toolkit_version)
     return anyio.run(toolkit.CdiSpecGenerator(config).ensure_spec)
+
+
+def injection_options(sim: node_.SimulatedNode) -> bundle_.InjectionOptions:
+    """Where the node's driver, device nodes and toolkit are, as an injection needs them."""
+    return bundle_.InjectionOptions(
+        driver_root=str(sim.driver_root), dev_root=sim.root, toolkit_dir=sim.toolkit_dir
+    )

@@ -7,13 +7,15 @@ the way to give a container "a GPU" on a machine without one: ``/dev/nvidia0`` a
 char device (``/dev/null``) reads and writes like null, and its fd link in
 ``/proc/<pid>/fd`` reads ``/dev/nvidia0`` from the host, exactly as a real GPU node would.
 
-``delete_all`` force-deletes every container under a runc root, for fixture teardown.
+``run_to_completion`` runs a bundle in runc and returns what it printed; ``delete_all``
+force-deletes every container under a runc root, for fixture teardown.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,3 +107,31 @@ def delete_all(root: Path, *, runc: str = "runc") -> None:
             capture_output=True,
             check=False,
         )
+
+
+def run_to_completion(runc: str, bundle: Path, state_root: Path) -> list[str]:
+    """``runc run`` the bundle (its container force-deleted after); its stdout lines.
+
+    The container must exit 0 (its stderr is the failure message otherwise)."""
+    container_id = f"sgpu-test-{uuid.uuid4().hex[:12]}"
+    try:
+        result = subprocess.run(
+            [runc, "--root", str(state_root), "run", "--bundle", str(bundle), container_id],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        subprocess.run(
+            [runc, "--root", str(state_root), "delete", "--force", container_id],
+            capture_output=True,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def lines_with(prefix: str, lines: Sequence[str]) -> list[str]:
+    """The lines starting with ``prefix`` and a space, without them (a probe's report)."""
+    return [line.removeprefix(prefix + " ") for line in lines if line.startswith(prefix + " ")]
