@@ -8,13 +8,15 @@ event-log benchmark's: one GPU actor's real life, stamped out):
   ``read_log``) against the old one, kept *here* as a copy (one ``json.loads`` per chunk of
   lines, then a decoder generated with ``exec()`` per event type building frozen
   dataclasses). Target ≥ 1,000,000 events/s.
-- **the whole replay()**: this checkout's ``replay()`` against the old commit's own
-  ``replay()`` (its tree extracted with ``git archive`` into a temporary directory and run in
-  a subprocess on the same file), since the old decoder's dataclasses cannot drive today's
-  machine. Target ≥ 400,000 events/s.
+- **the whole replay()**: the old commit's own ``replay()`` (its tree extracted with ``git
+  archive`` into a temporary directory and run in a subprocess) against this checkout's, on
+  the same lives registered by ``actor_registered`` v1 (no allocator: the old commit cannot
+  read v2 registrations or ``gpus_allocated``); and this checkout's on today's full log
+  against the commit before the replay hot-path work (``--base-commit``). Target ≥ 400,000
+  events/s. The load average is printed: on a shared machine, read the ratios.
 - **agent answer latency per line** (parse + log + apply: ``AgentService.handle_line`` on a
   log in /dev/shm, so the fsync does not drown the rest): this checkout against the old
-  commit, the same script in both; plus request parsing alone, the old ``json.loads`` +
+  commit, the base commit and this checkout, the same script in each; plus request parsing alone, the old ``json.loads`` +
   ``from_dict`` path (copied here) against ``protocol.parse_request``.
 
 ``--smoke``: tiny sizes, one repetition, no targets judged (seconds; the suite runs it).
