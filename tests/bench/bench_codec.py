@@ -15,9 +15,9 @@ event-log benchmark's: one GPU actor's real life, stamped out):
   against the commit before the replay hot-path work (``--base-commit``). Target ≥ 400,000
   events/s. The load average is printed: on a shared machine, read the ratios.
 - **agent answer latency per line** (parse + log + apply: ``AgentService.handle_line`` on a
-  log in /dev/shm, so the fsync does not drown the rest): this checkout against the old
-  commit, the base commit and this checkout, the same script in each; plus request parsing alone, the old ``json.loads`` +
-  ``from_dict`` path (copied here) against ``protocol.parse_request``.
+  log in /dev/shm, so the fsync does not drown the rest): the old commit, the base commit
+  and this checkout, the same script in each; plus request parsing alone, the old
+  ``json.loads`` + ``from_dict`` path (copied here) against ``protocol.parse_request``.
 
 ``--smoke``: tiny sizes, one repetition, no targets judged (seconds; the suite runs it).
 Without git or the old commit, the old-commit figures are reported as unavailable.
