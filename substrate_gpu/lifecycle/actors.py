@@ -29,9 +29,9 @@ transitions can never merge them.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from substrate_gpu.lifecycle import errors, events
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 
 def _pid_set(text: str) -> set[int]:
-    return {int(p) for p in text.split(",") if p}
+    return {int(p) for p in text.split(",") if p} if text else set()
 
 
 def _pid_text(pids: Iterable[int]) -> str:
@@ -186,7 +186,12 @@ class Actor:
     def context_is_open(self, event: events.Event) -> bool:
         """The event's context is open: its pid's, or else a pid-less one."""
         pid = getattr(event, "pid", 0)
-        pids = _pid_set(self.context_pids)
+        text = self.context_pids
+        if not text:
+            return self.live_contexts > 0
+        if text == str(pid):
+            return True
+        pids = _pid_set(text)
         return pid in pids or self.live_contexts > len(pids)
 
     # --- callbacks (named by the YAML; they write the actor) -------------------------------
@@ -266,7 +271,10 @@ class Actor:
     def count_context_opened(self, event: events.Event) -> None:
         """The event's pid holds a context (idempotent); a pid-less open is one more."""
         pid = getattr(event, "pid", 0)
-        if pid:
+        if pid and not self.context_pids:
+            # The common case, without parsing: the first pid.
+            self.context_pids = str(pid)
+        elif pid:
             pids = _pid_set(self.context_pids)
             if pid in pids:
                 return
@@ -277,9 +285,14 @@ class Actor:
     def count_context_closed(self, event: events.Event) -> None:
         """The event's pid's context closed (else one pid-less context closed)."""
         pid = getattr(event, "pid", 0)
-        pids = _pid_set(self.context_pids)
-        if pid in pids:
-            self.context_pids = _pid_text(pids - {pid})
+        text = self.context_pids
+        if text == str(pid):
+            # The common case, without parsing: the only pid closes.
+            self.context_pids = ""
+        elif text:
+            pids = _pid_set(text)
+            if pid in pids:
+                self.context_pids = _pid_text(pids - {pid})
         self.live_contexts -= 1
 
     def clear_contexts(self, event: events.Event) -> None:
@@ -399,20 +412,81 @@ CONDITIONS = _methods("bool")
 CALLBACKS = _methods("None")
 
 
+Move = Callable[[Actor, events.Event], bool]
+"""One ``(state, trigger)`` entry of an engine: tries that trigger's transitions from that
+state, runs the first whose conditions hold (True), or leaves the actor untouched (False).
+A raising callback (a bug) leaves the actor untouched too: applied entirely or not at all."""
+
+
 class Engine(Protocol):
-    """Evaluates one trigger on an actor: the :class:`Interpreter`, or the transitions
+    """Evaluates the machine on an actor: the :class:`Interpreter`, or the transitions
     reference engine the property tests compare it with."""
 
-    def fire(self, actor: Actor, event: events.Event) -> bool:
-        """Run the first transition of ``event.type`` from ``actor.state`` whose conditions
-        hold; False (actor untouched) when none holds. The caller checked the trigger is
-        valid there."""
+    @property
+    def moves(self) -> Mapping[str, Mapping[type[events.Event], Move]]:
+        """State -> event class (its trigger) -> :data:`Move`, for every trigger the state
+        accepts (a trigger absent here is not accepted in that state). Keyed by class: an
+        event's class is found faster than its ``type`` name, which lives on the class."""
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
-    """The result of applying one accepted event."""
+def read_fields(actor: Actor) -> tuple[object, ...]:
+    """Every persistent field of ``actor``, in :attr:`Actor.FIELDS` order (a test holds the
+    two lists equal). Spelt out: slot reads compiled into the function cost a third of
+    ``attrgetter(*FIELDS)``'s generic lookups, and every transition with callbacks saves
+    the fields first."""
+    a = actor
+    return (
+        a.actor_id,
+        a.state,
+        a.gpu,
+        a.bundle,
+        a.checkpoint,
+        a.live_contexts,
+        a.sandbox,
+        a.reason,
+        a.exited,
+        a.suspend_policy,
+        a.suspend_route,
+        a.cuda_pids,
+        a.checkpoint_cuda_pids,
+        a.context_pids,
+        a.gpus,
+        a.gpu_names,
+        a.gpu_devices,
+        a.gpu_next,
+        a.uses_allocator,
+    )
+
+
+def restore_fields(actor: Actor, saved: tuple[object, ...]) -> None:
+    """Put back what :func:`read_fields` read: undo a transition whose callback raised."""
+    for name, value in zip(Actor.FIELDS, saved, strict=True):
+        setattr(actor, name, value)
+
+
+def moves_from_fire(
+    spec: MachineSpec, fire: Callable[[Actor, events.Event], bool]
+) -> Mapping[str, Mapping[type[events.Event], Move]]:
+    """The :attr:`Engine.moves` of an engine that only knows how to fire any trigger (the
+    transitions reference): the spec says which triggers each state accepts."""
+
+    def move(actor: Actor, event: events.Event) -> bool:
+        saved = read_fields(actor)
+        try:
+            return fire(actor, event)
+        except BaseException:
+            restore_fields(actor, saved)
+            raise
+
+    return {
+        state: {events.REGISTRY[trigger]: move for trigger in spec.accepts[state]}
+        for state in spec.state_names
+    }
+
+
+class Step(NamedTuple):
+    """The result of applying one accepted event (a tuple: cheap to build per event)."""
 
     event: events.Event
     """The event, as accepted (stamped with its sequence number)."""
@@ -436,9 +510,8 @@ class ActorTable:
         and recovery use); tests pass the transitions reference engine to compare."""
         self._spec = spec
         self._engine: Engine = engine if engine is not None else spec.interpreter
-        self._fire = self._engine.fire
+        self._moves = self._engine.moves
         self._initial = spec.initial
-        self._accepts = spec.accepts
         self._effects = spec.effects
         self._actors: dict[str, Actor] = {}
         self._counts: dict[str, int] = dict.fromkeys(spec.state_names, 0)
@@ -501,62 +574,80 @@ class ActorTable:
         scratch = Actor(event.actor_id, self._initial)
         if actor is not None:
             scratch.load(actor.snapshot())
-        self._fire_on(scratch, event, known=actor is not None)
+        self._fire(scratch, event, known=actor is not None)
 
     def apply(self, event: events.Event) -> Step:
         """Apply ``event``: stamp it, run its transition, commit; or raise InvalidEvent.
 
         Replay calls this with logged events (already stamped: their ``seq`` is kept).
         """
-        actor_id = event.actor_id
-        actor = self._actors.get(actor_id)
-        known = actor is not None
-        if actor is None:
-            actor = Actor(actor_id, self._initial)
-        source = actor.state
-        self._fire_on(actor, event, known=known)
         if event.seq == 0:
-            self._seq += 1
-            event = event.stamped(self._seq)
-        elif event.seq > self._seq:
-            self._seq = event.seq
+            event = event.stamped(self._seq + 1)
+        actor, source = self.advance(event)
         dest = actor.state
-        if known:
-            self._counts[source] -= 1
-        else:
-            self._actors[actor_id] = actor
-        self._counts[dest] += 1
         return Step(
-            event=event,
-            source=source,
-            dest=dest,
-            reason=actor.transition_reason,
-            refusal=actor.refusal,
-            effect=self._effects.get(dest) if dest != source else None,
+            event,
+            source,
+            dest,
+            actor.transition_reason,
+            actor.refusal,
+            self._effects.get(dest) if dest != source else None,
         )
 
-    def _fire_on(self, actor: Actor, event: events.Event, *, known: bool) -> None:
+    def advance(self, event: events.Event) -> tuple[Actor, str]:
+        """:meth:`apply`'s work without the :class:`Step`: the actor (moved, its
+        ``transition_reason`` and ``refusal`` set) and its state before. Replay's hot path:
+        ``event`` is applied as it is (an unstamped one gets no ``seq``)."""
+        actor = self._actors.get(event.actor_id)
+        if actor is None:
+            return self._admit(event)
         source = actor.state
-        trigger = event.type
-        if trigger not in self._accepts[source]:
-            accepted = ", ".join(sorted(self._accepts[source])) or "nothing"
-            problem = (
-                f"not accepted in this state (accepted here: {accepted})"
-                if known
-                else "unknown actor (register it first with actor_registered)"
-            )
-            raise errors.InvalidEvent(event.actor_id, source, trigger, problem)
+        # _fire, inlined: this runs once per replayed event.
+        move = self._moves[source].get(type(event))
+        if move is None:
+            raise self._not_accepted(event, source, known=True)
         actor.refusal = None
         actor.transition_reason = None
-        saved = _GET_FIELDS(actor)
-        try:
-            fired = self._fire(actor, event)
-        except BaseException:
-            # A callback's bug: the event is applied entirely or not at all.
-            for name, value in zip(Actor.FIELDS, saved, strict=True):
-                setattr(actor, name, value)
-            raise
-        if not fired:
-            raise errors.InvalidEvent(
-                event.actor_id, source, trigger, self._spec.guard_summary(source, trigger)
-            )
+        if not move(actor, event):
+            raise self._no_transition(event, source)
+        dest = actor.state
+        if dest != source:
+            counts = self._counts
+            counts[source] -= 1
+            counts[dest] += 1
+        if event.seq > self._seq:  # noqa: PLR1730 (a call to max costs more per event)
+            self._seq = event.seq
+        return actor, source
+
+    def _admit(self, event: events.Event) -> tuple[Actor, str]:
+        """An unknown actor's first event (its registration, or a refusal)."""
+        actor = Actor(event.actor_id, self._initial)
+        self._fire(actor, event, known=False)
+        self._actors[actor.actor_id] = actor
+        self._counts[actor.state] += 1
+        if event.seq > self._seq:  # noqa: PLR1730 (a call to max costs more per event)
+            self._seq = event.seq
+        return actor, self._initial
+
+    def _fire(self, actor: Actor, event: events.Event, *, known: bool) -> None:
+        source = actor.state
+        move = self._moves[source].get(type(event))
+        if move is None:
+            raise self._not_accepted(event, source, known=known)
+        actor.refusal = None
+        actor.transition_reason = None
+        if not move(actor, event):
+            raise self._no_transition(event, source)
+
+    def _no_transition(self, event: events.Event, source: str) -> Exception:
+        problem = self._spec.guard_summary(source, event.type)
+        return errors.InvalidEvent(event.actor_id, source, event.type, problem)
+
+    def _not_accepted(self, event: events.Event, source: str, *, known: bool) -> Exception:
+        accepted = ", ".join(sorted(kind.type for kind in self._moves[source])) or "nothing"
+        problem = (
+            f"not accepted in this state (accepted here: {accepted})"
+            if known
+            else "unknown actor (register it first with actor_registered)"
+        )
+        return errors.InvalidEvent(event.actor_id, source, event.type, problem)

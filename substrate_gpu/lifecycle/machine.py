@@ -18,6 +18,7 @@ property tests over random event streams; it also renders the diagram.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections import deque
@@ -403,6 +404,8 @@ class TransitionsEngine:
         self._triggers: dict[str, Callable[[actors.Actor, events.Event], bool]] = {
             name: event.trigger for name, event in self.machine.events.items()
         }
+        self.moves = actors.moves_from_fire(spec, self.fire)
+        """Every accepted ``(state, trigger)`` fires through transitions."""
 
     def fire(self, actor: actors.Actor, event: events.Event) -> bool:
         """Fire ``event``'s trigger on ``actor``; False when no transition's conditions held."""
@@ -415,51 +418,116 @@ _Candidate = tuple[tuple[_Test, ...], tuple[_Test, ...], str | None, tuple[_Call
 
 
 class Interpreter:
-    """THE evaluation of the machine: a ``{(state, trigger): candidates}`` table compiled
-    from the spec, conditions and callbacks bound to :class:`Actor`'s functions once.
+    """THE evaluation of the machine: for every ``(state, trigger)`` the spec accepts, one
+    :data:`~substrate_gpu.lifecycle.actors.Move` compiled from its transitions, conditions
+    and callbacks bound to :class:`Actor`'s functions once.
 
     For the ``(state, trigger)``, the spec's transitions are tried in YAML order; the first
     whose ``conditions`` all hold and whose ``unless`` all fail sets ``dest`` (``=``: kept)
     and runs its ``after`` callbacks, as transitions' ``Machine`` does. The live pipeline,
     replay and recovery all use it (through :class:`~substrate_gpu.lifecycle.actors.ActorTable`).
+
+    Speed (replay feeds a million events through it): a move is a closure specialised to
+    its entry's shape (one unguarded transition with or without callbacks, or guarded ones),
+    the table is looked up by two string keys with no tuple built, and the actor's fields
+    are saved for undo only when callbacks run (conditions only read).
     """
 
     def __init__(self, spec: MachineSpec) -> None:
         actor = actors.Actor
-        self._table: dict[tuple[str, str], tuple[_Candidate, ...]] = {
-            (source, trigger): tuple(
-                (
-                    tuple(getattr(actor, name) for name in t.conditions),
-                    tuple(getattr(actor, name) for name in t.unless),
-                    t.dest,
-                    tuple(getattr(actor, name) for name in t.after),
+        self.moves: dict[str, dict[type[events.Event], actors.Move]] = {
+            source: {
+                events.REGISTRY[trigger]: _compile(
+                    tuple(
+                        (
+                            tuple(getattr(actor, name) for name in t.conditions),
+                            tuple(getattr(actor, name) for name in t.unless),
+                            t.dest,
+                            tuple(getattr(actor, name) for name in t.after),
+                        )
+                        for t in spec.candidates(source, trigger)
+                    )
                 )
-                for t in spec.candidates(source, trigger)
-            )
+                for trigger in sorted(spec.accepts[source])
+            }
             for source in spec.state_names
-            for trigger in spec.accepts[source]
         }
+        """State -> event class (its trigger) -> its compiled move."""
 
     def fire(self, actor: actors.Actor, event: events.Event) -> bool:
-        """Fire ``event``'s trigger on ``actor``; False when no transition's conditions held."""
-        for conditions, unless, dest, after in self._table[(actor.state, event.type)]:
-            held = True
+        """Fire ``event``'s trigger on ``actor``; False when no transition's conditions held
+        (the trigger must be accepted in the actor's state: see :attr:`moves`)."""
+        return self.moves[actor.state][type(event)](actor, event)
+
+
+def _commit(
+    dest: str | None, after: tuple[_Callback, ...], actor: actors.Actor, event: events.Event
+) -> bool:
+    """Enter ``dest`` (None: stay) and run ``after``; undone entirely if a callback raises."""
+    saved = _read_fields(actor)
+    try:
+        if dest is not None:
+            actor.state = dest
+        for callback in after:
+            callback(actor, event)
+    except BaseException:
+        actors.restore_fields(actor, saved)
+        raise
+    return True
+
+
+_read_fields = actors.read_fields
+
+
+def _compile(candidates: tuple[_Candidate, ...]) -> actors.Move:
+    """One ``(state, trigger)``'s move, specialised to the shape of its transitions."""
+    first_conditions, first_unless, first_dest, first_after = candidates[0]
+    if len(candidates) == 1 and not first_conditions and not first_unless:
+        if first_after:
+            return functools.partial(_commit, first_dest, first_after)
+        if first_dest is None:
+            return _stay
+        return functools.partial(_enter, first_dest)
+
+    def guarded(actor: actors.Actor, event: events.Event) -> bool:
+        for conditions, unless, dest, after in candidates:
             for condition in conditions:
                 if not condition(actor, event):
-                    held = False
                     break
-            if held:
+            else:
                 for condition in unless:
                     if condition(actor, event):
-                        held = False
                         break
-            if held:
-                if dest is not None:
-                    actor.state = dest
-                for callback in after:
-                    callback(actor, event)
-                return True
+                else:
+                    if not after:
+                        if dest is not None:
+                            actor.state = dest
+                        return True
+                    # _commit, inlined (most guarded transitions have callbacks).
+                    saved = _read_fields(actor)
+                    try:
+                        if dest is not None:
+                            actor.state = dest
+                        for callback in after:
+                            callback(actor, event)
+                    except BaseException:
+                        actors.restore_fields(actor, saved)
+                        raise
+                    return True
         return False
+
+    return guarded
+
+
+def _enter(dest: str, actor: actors.Actor, event: events.Event) -> bool:
+    """An unguarded transition with no callback: the state changes, nothing else."""
+    actor.state = dest
+    return True
+
+
+def _stay(actor: actors.Actor, event: events.Event) -> bool:
+    """A reflexive transition with no guard and no callback: nothing changes."""
+    return True
 
 
 def render_mermaid(spec: MachineSpec) -> str:

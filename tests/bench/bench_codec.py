@@ -8,14 +8,16 @@ event-log benchmark's: one GPU actor's real life, stamped out):
   ``read_log``) against the old one, kept *here* as a copy (one ``json.loads`` per chunk of
   lines, then a decoder generated with ``exec()`` per event type building frozen
   dataclasses). Target ≥ 1,000,000 events/s.
-- **the whole replay()**: this checkout's ``replay()`` against the old commit's own
-  ``replay()`` (its tree extracted with ``git archive`` into a temporary directory and run in
-  a subprocess on the same file), since the old decoder's dataclasses cannot drive today's
-  machine. Target ≥ 400,000 events/s.
+- **the whole replay()**: the old commit's own ``replay()`` (its tree extracted with ``git
+  archive`` into a temporary directory and run in a subprocess) against this checkout's, on
+  the same lives registered by ``actor_registered`` v1 (no allocator: the old commit cannot
+  read v2 registrations or ``gpus_allocated``); and this checkout's on today's full log
+  against the commit before the replay hot-path work (``--base-commit``). Target ≥ 400,000
+  events/s. The load average is printed: on a shared machine, read the ratios.
 - **agent answer latency per line** (parse + log + apply: ``AgentService.handle_line`` on a
-  log in /dev/shm, so the fsync does not drown the rest): this checkout against the old
-  commit, the same script in both; plus request parsing alone, the old ``json.loads`` +
-  ``from_dict`` path (copied here) against ``protocol.parse_request``.
+  log in /dev/shm, so the fsync does not drown the rest): the old commit, the base commit
+  and this checkout, the same script in each; plus request parsing alone, the old
+  ``json.loads`` + ``from_dict`` path (copied here) against ``protocol.parse_request``.
 
 ``--smoke``: tiny sizes, one repetition, no targets judged (seconds; the suite runs it).
 Without git or the old commit, the old-commit figures are reported as unavailable.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -56,6 +59,8 @@ from substrate_gpu.service import protocol  # noqa: E402
 
 #: The last commit with the json + dataclass codec.
 OLD_COMMIT = "ecad4b9"
+#: The last commit before the replay hot path was compiled (moves, advance, '}\\n{' check).
+BASE_COMMIT = "6d0cad0"
 
 
 # --- the old decoder, copied (substrate_gpu/eventlog/format.py and reader.py at OLD_COMMIT) ---
@@ -214,10 +219,10 @@ def _gc_paused() -> Iterator[None]:
 # --- the old commit, run as it was -------------------------------------------------------------
 
 
-def _old_tree(tmp: Path, commit: str) -> Path | None:
+def _old_tree(tmp: Path, commit: str, name: str) -> Path | None:
     """The old commit's package, machine and test doubles, extracted; None without git."""
-    tree = tmp / "old-tree"
-    archive = tmp / "old.tar"
+    tree = tmp / name
+    archive = tmp / f"{name}.tar"
     try:
         subprocess.run(
             [
@@ -330,6 +335,9 @@ def main() -> None:
     parser.add_argument(
         "--old-commit", default=OLD_COMMIT, help="the json + dataclass codec's commit"
     )
+    parser.add_argument(
+        "--base-commit", default=BASE_COMMIT, help="the commit before the replay speed-ups"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, no targets judged")
     args = parser.parse_args()
     if args.smoke:
@@ -343,28 +351,50 @@ def main() -> None:
         log = tmp / "replay.jsonl"
         anyio.run(bench_eventlog._create_empty, log)
         n = bench_eventlog._generate(log, template, args.events)
-        print(f"log: {n:,} events, {log.stat().st_size / 2**20:.0f} MiB\n")
+        # The old commit cannot read today's actor_registered v2 / gpus_allocated lines: the
+        # side-by-side replay runs on the same lives registered as v1 (no allocator).
+        template_v1 = anyio.run(functools.partial(bench_eventlog._template, registration=1), tmp)
+        log_v1 = tmp / "replay-v1.jsonl"
+        anyio.run(bench_eventlog._create_empty, log_v1)
+        n_v1 = bench_eventlog._generate(log_v1, template_v1, args.events)
+        print(
+            f"logs: {n:,} events, {log.stat().st_size / 2**20:.0f} MiB (today's lives); "
+            f"{n_v1:,} events, {log_v1.stat().st_size / 2**20:.0f} MiB (v1 registrations)\n"
+        )
 
         old = OldDecoder()
         old_s, old_records = _timed(lambda: old.read(log), args.repeat)
         new_s, contents = _timed(lambda: read_log(log), args.repeat)
         assert len(old_records) == len(contents.records) == n  # type: ignore[arg-type, attr-defined]
-        del old_records
+        del old_records, contents
         new_replay_s, result = _timed(lambda: replay(log), args.repeat)
         assert result.events_replayed == n  # type: ignore[attr-defined]
-        tree = _old_tree(tmp, args.old_commit)
-        old_replay = _run(_REPLAY, str(tree), str(log), str(args.repeat)) if tree else None
-        old_replay_s = float(old_replay[0]) if old_replay else None
+        new_v1_s, result = _timed(lambda: replay(log_v1), args.repeat)
+        assert result.events_replayed == n_v1  # type: ignore[attr-defined]
+        del result
+        tree = _old_tree(tmp, args.old_commit, "old-tree")
+        old_v1 = _run(_REPLAY, str(tree), str(log_v1), str(args.repeat)) if tree else None
+        old_v1_s = float(old_v1[0]) if old_v1 else None
+        # This change's own comparison: the commit before it, on today's full log.
+        base = _old_tree(tmp, args.base_commit, "base-tree")
+        base_replay = _run(_REPLAY, str(base), str(log), str(args.repeat)) if base else None
+        base_s = float(base_replay[0]) if base_replay else None
 
-        print(f"  {'':<40} {'before (json)':>16} {'msgspec':>16} {'speed-up':>9}")
+        print(f"  {'':<44} {'before':>12} {'now':>12} {'speed-up':>9}")
         rows: list[tuple[str, float | None, float]] = [
-            ("parse alone (read_log), events/s", n / old_s, n / new_s),
-            ("replay(), events/s", n / old_replay_s if old_replay_s else None, n / new_replay_s),
-        ]
+            ("parse alone (read_log), json copy", n / old_s, n / new_s),
+            (f"replay(), v1 log, {args.old_commit} (json)", n_v1 / old_v1_s if old_v1_s else None,
+             n_v1 / new_v1_s),
+            (f"replay(), full log, {args.base_commit}", n / base_s if base_s else None,
+             n / new_replay_s),
+        ]  # fmt: skip
         for name, before, after in rows:
-            b = f"{before:>16,.0f}" if before else f"{'unavailable':>16}"
-            ratio = f"{after / before:>8.1f}x" if before else f"{'':>9}"
-            print(f"  {name:<40} {b} {after:>16,.0f} {ratio}")
+            b = f"{before:>12,.0f}" if before else f"{'unavailable':>12}"
+            ratio = f"{after / before:>8.2f}x" if before else f"{'':>9}"
+            print(f"  {name:<44} {b} {after:>12,.0f} {ratio}")
+        print(
+            f"  (load average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+        )
 
         requests = [
             json.dumps(
@@ -375,17 +405,20 @@ def main() -> None:
         old_parse = _per_line(old.parse_request, requests, args.repeat)
         new_parse = _per_line(protocol.parse_request, requests, args.repeat)
         directory = shm if shm.is_dir() else tmp
-        with (
-            tempfile.TemporaryDirectory(dir=directory) as agent_old,
-            tempfile.TemporaryDirectory(dir=directory) as agent_new,
-        ):
-            before = _run(_AGENT, str(tree), agent_old, str(args.requests)) if tree else None
-            after = _run(_AGENT, str(ROOT), agent_new, str(args.requests))
-        print(f"\n  {'agent answer, µs per line':<40} {'before (json)':>16} {'msgspec':>16}")
-        print(f"  {'request parse alone':<40} {old_parse * 1e6:>16.2f} {new_parse * 1e6:>16.2f}")
-        b = f"{float(before[0]) * 1e6:>16.1f}" if before else f"{'unavailable':>16}"
-        a = f"{float(after[0]) * 1e6:>16.1f}" if after else f"{'unavailable':>16}"
-        print(f"  {'parse + log (' + directory.name + ') + apply':<40} {b} {a}")
+        latency: dict[str, float | None] = {}
+        for label, root in (("json", tree), ("base", base), ("now", ROOT)):
+            with tempfile.TemporaryDirectory(dir=directory) as agent_dir:
+                answer = _run(_AGENT, str(root), agent_dir, str(args.requests)) if root else None
+            latency[label] = float(answer[0]) if answer else None
+        print(f"\n  {'agent answer, µs per line':<40} {'json':>10} {'base':>10} {'now':>10}")
+        print(
+            f"  {'request parse alone':<40} {old_parse * 1e6:>10.2f} {'':>10} {new_parse * 1e6:>10.2f}"
+        )
+        cells = " ".join(
+            f"{v * 1e6:>10.1f}" if v else f"{'unavailable':>10}" for v in latency.values()
+        )
+        print(f"  {'parse + log (' + directory.name + ') + apply':<40} {cells}")
+        print(f"  (json: {args.old_commit}; base: {args.base_commit}; now: this checkout)")
 
         if args.smoke:
             print("\n(smoke run: sizes too small to judge the targets)")

@@ -96,10 +96,14 @@ async def _one_fsync_each(path: Path, n: int) -> tuple[float, _Batches]:
 # --- replay ------------------------------------------------------------------------------
 
 
-async def _template(tmp: Path) -> list[str]:
-    """One GPU actor's whole life as the agent logs it (actor id replaced by a sentinel)."""
+async def _template(tmp: Path, *, registration: int = 2) -> list[str]:
+    """One GPU actor's whole life as the agent logs it (actor id replaced by a sentinel).
+
+    ``registration=1``: the actor is registered by an ``actor_registered`` v1 line, as logs
+    written before GPU allocation were (no allocator: no ``gpus_allocated``), and written
+    without the fields v1 did not have (their defaults): a log older code can read too."""
     runtime = FakeRuntime()
-    path = tmp / "template.jsonl"
+    path = tmp / f"template-v{registration}.jsonl"
     async with await EventLog.open(path, rotate_bytes=None) as log:
         async with Agent(
             runtime=runtime,
@@ -109,7 +113,15 @@ async def _template(tmp: Path) -> list[str]:
             recorder=log,
         ) as agent:
             a = SENTINEL
-            await bring_to_running(agent, a)
+            if registration == 1:
+                await agent.submit(
+                    events.ActorRegistered(actor_id=a, gpu=True, bundle=f"/b/{a}", v=1)
+                )
+                await agent.submit(events.BundlePrepared(actor_id=a, bundle=f"/b/{a}"))
+                await agent.submit(events.RunRequested(actor_id=a))
+                await agent.wait_for_state(a, "running", timeout=5)
+            else:
+                await bring_to_running(agent, a)
             for _ in range(3):
                 runtime.open_context(a)
                 await agent.submit(events.CudaContextOpened(actor_id=a, pid=7))
@@ -122,8 +134,15 @@ async def _template(tmp: Path) -> list[str]:
                 await agent.wait_for_state(a, "running", timeout=5)
             await agent.submit(events.DeleteRequested(actor_id=a))
             await agent.wait_for_state(a, "deleted", timeout=5)
-    lines = path.read_text().splitlines()[1:]
-    return [json.dumps({**json.loads(line), "seq": 0}, separators=(",", ":")) for line in lines]
+    out = []
+    for line in path.read_text().splitlines()[1:]:
+        record = {**json.loads(line), "seq": 0}
+        if record.get("v") == 1 and record["type"] == "actor_registered":
+            for name, default in (("gpus", 0), ("gpu_names", [])):
+                if record.get(name) == default:
+                    del record[name]
+        out.append(json.dumps(record, separators=(",", ":")))
+    return out
 
 
 def _generate(path: Path, template: list[str], n_events: int) -> int:

@@ -90,6 +90,7 @@ class PlainTableEngine:
             (source, trigger): [(t.conditions, t.unless, t.dest, t.after) for t in candidates]
             for (source, trigger), candidates in spec._by_source_trigger.items()
         }
+        self.moves = actors.moves_from_fire(spec, self.fire)
 
     def fire(self, actor: actors.Actor, event: events.Event) -> bool:
         for conditions, unless, dest, after in self._table[(actor.state, event.type)]:
@@ -215,7 +216,7 @@ async def _agent_lives(n: int, engine: str) -> float:
                 # The same pipeline and table over another engine (benchmark only).
                 table = agent._table
                 table._engine = ENGINES[engine](SPEC)  # type: ignore[call-arg]
-                table._fire = table._engine.fire
+                table._moves = table._engine.moves
             start = time.perf_counter()
             ids = [f"actor-{i}" for i in range(n)]
             phases: list[tuple[list[events.Event], str]] = [

@@ -107,6 +107,17 @@ def test_a_corrupt_middle_line_is_an_error_naming_its_line(
     assert f"{log_path}:3" in str(info.value)
 
 
+def test_two_objects_on_a_line_and_a_blank_line_do_not_cancel_out(log_path: Path) -> None:
+    """As many values as lines is not enough: a line holding two records and a blank line
+    elsewhere are still found (the first of them is named)."""
+    header, first, second = _good(log_path)
+    third = logs.registered("c", 3)
+    logs.write_lines(log_path, header, first + second, "", third)
+    with pytest.raises(eventlog.CorruptLogError) as info:
+        read_log(log_path)
+    assert info.value.line == 2
+
+
 def test_corruption_deep_in_a_big_log_names_the_right_line(log_path: Path) -> None:
     """The chunked fast parser falls back to per-line parsing to find the bad line."""
     lines = [logs.header(), *(logs.registered(f"a{i}", i + 1) for i in range(5000))]

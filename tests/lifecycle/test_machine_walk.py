@@ -156,16 +156,20 @@ def test_event_whose_guards_all_fail_is_refused(
     assert table.get("a").snapshot() == before
 
 
-def test_a_raising_callback_leaves_the_actor_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_raising_callback_leaves_the_actor_unchanged(
+    monkeypatch: pytest.MonkeyPatch, engine: type[actors.Engine]
+) -> None:
     """A callback failing mid-transition does not leak partial changes into the actor."""
-    table = _table(machine.TransitionsEngine)
-    table.put(_actor("running", gpu=True))
 
     def boom(self: actors.Actor, event: events.Event) -> None:
         self.reason = "partial"
         raise RuntimeError("callback bug")
 
+    # Before the engine is built: the interpreter binds callbacks when it compiles.
     monkeypatch.setattr(actors.Actor, "remember_reason", boom)
+    table = _table(engine)
+    table.put(_actor("running", gpu=True))
     before = table.get("a").snapshot()
     with pytest.raises(RuntimeError):
         table.apply(events.SandboxExited(actor_id="a", status=1))
@@ -194,3 +198,11 @@ def test_a_reflexive_transition_starts_no_effect() -> None:
     table.put(_actor("checkpointing", gpu=True))
     step = table.apply(events.CudaContextOpened(actor_id="a"))
     assert (step.dest, step.effect) == ("checkpointing", None)
+
+
+def test_the_fields_saved_for_undo_are_every_field_in_order() -> None:
+    """read_fields (spelt out for speed) reads exactly Actor.FIELDS, in that order."""
+    actor = actors.Actor("a", "running")
+    for i, name in enumerate(actors.Actor.FIELDS):
+        setattr(actor, name, f"value-{i}")
+    assert actors.read_fields(actor) == tuple(f"value-{i}" for i in range(len(actors.Actor.FIELDS)))

@@ -163,6 +163,7 @@ def test_the_interpreter_agrees_with_the_transitions_reference(
     reference = actors.ActorTable(SPEC, machine.TransitionsEngine(SPEC))
     live = actors.ActorTable(SPEC)
     records: list[events.Event | format.Rejection] = []
+    steps: list[tuple[object, ...]] = []
     for _ in range(length):
         actor_id = data.draw(st.sampled_from(ACTORS[:2]))
         accepted = sorted(SPEC.accepts[reference.state_of(actor_id)])
@@ -195,6 +196,7 @@ def test_the_interpreter_agrees_with_the_transitions_reference(
         else:
             assert checked == ("accepted",)
             records.append(event.stamped(int(str(expected[-1]))))
+            steps.append((actor_id, expected[0], expected[1], expected[3]))
             hypothesis.event(f"reached {expected[1]}")
         for a in ACTORS[:2]:
             ours, theirs = live.get(a), reference.get(a)
@@ -202,8 +204,10 @@ def test_the_interpreter_agrees_with_the_transitions_reference(
     final = {a.actor_id: a.snapshot() for a in reference}
 
     replayed = Replayer(SPEC)
-    replayed.feed(Path("log"), enumerate(records, start=2), TransitionList(), [])
+    transitions = TransitionList()
+    replayed.feed(Path("log"), enumerate(records, start=2), transitions, [])
     assert replayed.views() == final
+    assert [(t.actor_id, t.source, t.dest, t.reason) for t in transitions] == steps
 
     first = Replayer(SPEC)
     first.feed(Path("log"), enumerate(records[:cut], start=2), None, None)
