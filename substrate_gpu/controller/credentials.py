@@ -32,6 +32,7 @@ import yaml
 from kubernetes_asyncio import client, config
 
 from substrate_gpu import exceptions
+from substrate_gpu.controller import kube
 from substrate_gpu.pools import crd, model
 
 __all__ = ["CredentialsError", "Source", "ensure_access", "load_credentials"]
@@ -176,7 +177,7 @@ def _refused(source: Source, e: client.ApiException) -> str:
 
 
 def _body(e: client.ApiException) -> str:
-    body = e.body.decode(errors="replace") if isinstance(e.body, bytes) else str(e.body)
+    body = kube.body_text(e)
     try:
         parsed = yaml.safe_load(body)
     except yaml.YAMLError:

@@ -24,7 +24,7 @@ from kubernetes_asyncio import client
 from substrate_gpu import exceptions
 from substrate_gpu.controller import reconcile
 
-__all__ = ["KubeApiError", "apply_deployment", "delete_deployment"]
+__all__ = ["KubeApiError", "apply_deployment", "body_text", "delete_deployment"]
 
 _RETRYABLE_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 
@@ -49,9 +49,13 @@ def _error(doing: str, e: Exception) -> KubeApiError:
     return KubeApiError(f"while {doing}: {type(e).__name__}: {e}", status=None, retryable=True)
 
 
+def body_text(e: client.ApiException) -> str:
+    """The API server's answer body as text (kubernetes_asyncio gives bytes or str)."""
+    return e.body.decode(errors="replace") if isinstance(e.body, bytes) else str(e.body)
+
+
 def _body_message(e: client.ApiException) -> str:
-    body = e.body.decode(errors="replace") if isinstance(e.body, bytes) else str(e.body)
-    return body[:500]
+    return body_text(e)[:500]
 
 
 async def apply_deployment(deployment: Mapping[str, object]) -> None:

@@ -307,15 +307,7 @@ def _run(script: str, *argv: str) -> list[str] | None:
     return done.stdout.split()
 
 
-def _timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
-    best, result = float("inf"), None
-    for _ in range(repeat):
-        result = None
-        gc.collect()
-        started = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - started)
-    return best, result
+_timed = bench_eventlog._timed
 
 
 def _per_line(fn: Callable[[bytes], object], lines: list[bytes], repeat: int) -> float:

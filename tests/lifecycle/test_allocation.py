@@ -192,6 +192,12 @@ async def _register(agent: Agent, actor_id: str, **request: object) -> None:
     await agent.submit(events.BundlePrepared(actor_id=actor_id, bundle=f"/b/{actor_id}"))
 
 
+async def _reaches(agent: Agent, event: events.Event, state: str) -> None:
+    """Submit ``event`` and wait for its actor to reach ``state``."""
+    await agent.submit(event)
+    await agent.wait_for_state(event.actor_id, state, timeout=5)
+
+
 @anyio_mark
 async def test_gpus_are_allocated_before_injection_and_injected_by_name(
     make_agent: MakeAgent, injector: FakeInjector
@@ -199,8 +205,7 @@ async def test_gpus_are_allocated_before_injection_and_injected_by_name(
     allocator = GpuAllocator(FOUR, name="w1")
     async with make_agent(allocator=allocator) as agent:
         await _register(agent, "a", gpus=2)
-        await agent.submit(events.RunRequested(actor_id="a"))
-        await agent.wait_for_state("a", "running", timeout=5)
+        await _reaches(agent, events.RunRequested(actor_id="a"), "running")
     assert allocator.table == {"a": ("nvidia.com/gpu=0", "nvidia.com/gpu=1")}
     assert injector.granted == [("nvidia.com/gpu=0", "nvidia.com/gpu=1")]
 
@@ -227,10 +232,8 @@ async def test_an_actor_waits_for_held_gpus_and_runs_once_they_are_freed(
     async with make_agent(allocator=allocator) as agent:
         await _register(agent, "big", gpus=3)
         await _register(agent, "late", gpus=2)
-        await agent.submit(events.RunRequested(actor_id="big"))
-        await agent.wait_for_state("big", "running", timeout=5)
-        await agent.submit(events.RunRequested(actor_id="late"))
-        await agent.wait_for_state("late", "awaiting_gpus", timeout=5)
+        await _reaches(agent, events.RunRequested(actor_id="big"), "running")
+        await _reaches(agent, events.RunRequested(actor_id="late"), "awaiting_gpus")
         assert _reason(agent, "late") == "2 GPU(s) requested, 1 of 4 free"
         await agent.submit(events.SandboxExited(actor_id="big", status=0))
         await agent.wait_for_state("late", "running", timeout=5)
@@ -243,8 +246,7 @@ async def test_a_request_the_worker_cannot_meet_fails_with_the_reason(
 ) -> None:
     async with make_agent(allocator=GpuAllocator(FOUR, name="w1")) as agent:
         await _register(agent, "a", gpus=8)
-        await agent.submit(events.RunRequested(actor_id="a"))
-        await agent.wait_for_state("a", "failed", timeout=5)
+        await _reaches(agent, events.RunRequested(actor_id="a"), "failed")
         assert _reason(agent, "a") == (
             "while allocating GPUs on worker 'w1': 8 GPU(s) requested, this worker has 4"
         )
@@ -258,15 +260,11 @@ async def test_suspend_frees_the_gpus_and_restore_allocates_again(
     async with make_agent(allocator=allocator) as agent:
         await _register(agent, "a", gpus=1)
         await _register(agent, "b", gpus=1)
-        await agent.submit(events.RunRequested(actor_id="a"))
-        await agent.wait_for_state("a", "running", timeout=5)
-        await agent.submit(events.SuspendRequested(actor_id="a"))
-        await agent.wait_for_state("a", "suspended", timeout=5)
+        await _reaches(agent, events.RunRequested(actor_id="a"), "running")
+        await _reaches(agent, events.SuspendRequested(actor_id="a"), "suspended")
         assert allocator.table == {}
-        await agent.submit(events.RunRequested(actor_id="b"))
-        await agent.wait_for_state("b", "running", timeout=5)
-        await agent.submit(events.RestoreRequested(actor_id="a"))
-        await agent.wait_for_state("a", "running", timeout=5)
+        await _reaches(agent, events.RunRequested(actor_id="b"), "running")
+        await _reaches(agent, events.RestoreRequested(actor_id="a"), "running")
     # Another GPU of the same count: GPU 0 is b's now.
     assert allocator.table == {"b": ("nvidia.com/gpu=0",), "a": ("nvidia.com/gpu=1",)}
     assert injector.granted[-1] == ("nvidia.com/gpu=1",)
@@ -303,8 +301,7 @@ async def test_without_an_allocator_a_gpu_actor_gets_every_gpu_as_before(
 ) -> None:
     async with make_agent() as agent:
         await _register(agent, "a")
-        await agent.submit(events.RunRequested(actor_id="a"))
-        await agent.wait_for_state("a", "running", timeout=5)
+        await _reaches(agent, events.RunRequested(actor_id="a"), "running")
     assert injector.granted == [None]
 
 
@@ -314,8 +311,7 @@ async def test_the_gauges_show_the_workers_gpus_allocated_and_free(make_agent: M
     metrics = LifecycleMetricsBridge(AgentMetrics(registry=registry))
     async with make_agent(allocator=GpuAllocator(FOUR, name="w1"), metrics=metrics) as agent:
         await _register(agent, "a", gpus=3)
-        await agent.submit(events.RunRequested(actor_id="a"))
-        await agent.wait_for_state("a", "running", timeout=5)
+        await _reaches(agent, events.RunRequested(actor_id="a"), "running")
         assert registry.get_sample_value("substrate_gpu_gpus_allocated", {"worker": "w1"}) == 3
         assert registry.get_sample_value("substrate_gpu_gpus_free", {"worker": "w1"}) == 1
         await agent.submit(events.SandboxExited(actor_id="a", status=0))
@@ -335,12 +331,9 @@ async def test_a_deleted_running_actor_keeps_its_gpus_until_its_sandbox_is_gone(
     async with make_agent(allocator=allocator) as agent:
         await _register(agent, "old", gpus=4)
         await _register(agent, "new", gpus=1)
-        await agent.submit(events.RunRequested(actor_id="old"))
-        await agent.wait_for_state("old", "running", timeout=5)
-        await agent.submit(events.RunRequested(actor_id="new"))
-        await agent.wait_for_state("new", "awaiting_gpus", timeout=5)
-        await agent.submit(events.DeleteRequested(actor_id="old"))
-        await agent.wait_for_state("old", "deleting", timeout=5)
+        await _reaches(agent, events.RunRequested(actor_id="old"), "running")
+        await _reaches(agent, events.RunRequested(actor_id="new"), "awaiting_gpus")
+        await _reaches(agent, events.DeleteRequested(actor_id="old"), "deleting")
         await anyio.wait_all_tasks_blocked()
         assert (agent.state_of("new"), allocator.allocated) == ("awaiting_gpus", 4)
         gate.set()
@@ -356,15 +349,11 @@ async def test_an_actor_deleted_while_suspended_takes_no_gpu_back(
     async with make_agent(allocator=allocator) as agent:
         await _register(agent, "a", gpus=1)
         await _register(agent, "b", gpus=1)
-        await agent.submit(events.RunRequested(actor_id="a"))
-        await agent.wait_for_state("a", "running", timeout=5)
-        await agent.submit(events.SuspendRequested(actor_id="a"))
-        await agent.wait_for_state("a", "suspended", timeout=5)
-        await agent.submit(events.RunRequested(actor_id="b"))
-        await agent.wait_for_state("b", "running", timeout=5)
+        await _reaches(agent, events.RunRequested(actor_id="a"), "running")
+        await _reaches(agent, events.SuspendRequested(actor_id="a"), "suspended")
+        await _reaches(agent, events.RunRequested(actor_id="b"), "running")
         runtime.gates["delete"] = anyio.Event()
-        await agent.submit(events.DeleteRequested(actor_id="a"))
-        await agent.wait_for_state("a", "deleting", timeout=5)
+        await _reaches(agent, events.DeleteRequested(actor_id="a"), "deleting")
         # a's last allocation was GPU 0, b's now: deleting a must not claim it again.
         assert allocator.table == {"b": ("nvidia.com/gpu=0",)}
         runtime.gates["delete"].set()
@@ -392,8 +381,7 @@ async def test_gpu_actors_are_refused_with_the_reason_while_the_workers_gpus_are
     assert allocator.unknown == "no CDI spec at /cdi/nvidia.json: attempt 1 failed"
     async with make_agent(allocator=allocator) as agent:
         await _register(agent, "a", gpus=1)
-        await agent.submit(events.RunRequested(actor_id="a"))
-        await agent.wait_for_state("a", "failed", timeout=5)
+        await _reaches(agent, events.RunRequested(actor_id="a"), "failed")
         assert _reason(agent, "a") == (
             "while allocating GPUs on worker 'w1': this worker has no known GPU: "
             "no CDI spec at /cdi/nvidia.json: attempt 2 failed"
@@ -408,8 +396,7 @@ async def test_the_workers_gpus_are_looked_for_again_at_the_next_allocation(
     assert allocator.unknown is not None and allocator.free == 0
     async with make_agent(allocator=allocator) as agent:
         await _register(agent, "a", gpus=1)
-        await agent.submit(events.RunRequested(actor_id="a"))
-        await agent.wait_for_state("a", "running", timeout=5)
+        await _reaches(agent, events.RunRequested(actor_id="a"), "running")
     assert (allocator.unknown, allocator.table) == (None, {"a": ("nvidia.com/gpu=0",)})
 
 
@@ -491,8 +478,7 @@ async def test_a_restore_is_checked_against_the_gpus_allocated_for_it(
         manifest = preflight.read_manifest(image)
         assert manifest is not None
         preflight.write_manifest(image, dataclasses.replace(manifest, gpu_count=2))
-        await agent.submit(events.RestoreRequested(actor_id="a"))
-        await agent.wait_for_state("a", "suspended", timeout=5)
+        await _reaches(agent, events.RestoreRequested(actor_id="a"), "suspended")
         assert _reason(agent, "a") == (
             "restore refused (restore-fewer-gpus): the checkpoint holds 2 GPU(s), this restore "
             "was allocated 1 (nvidia.com/gpu=0): restore asking for at least as many GPUs"
