@@ -13,7 +13,7 @@ the log was written by another machine definition: :class:`ReplayDivergence` nam
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import overload
@@ -24,26 +24,58 @@ from substrate_gpu.lifecycle import errors as lifecycle_errors
 
 
 class TransitionList(Sequence[hooks.Transition]):
-    """Replayed transitions, kept compact and built as :class:`Transition` when read.
+    """Replayed transitions, kept as the :class:`~substrate_gpu.lifecycle.actors.Trail` the
+    machine left and built as :class:`Transition` when read.
 
-    A million frozen ``Transition`` objects cost more to build than replaying the events
-    that produce them; most callers read a few (one actor's timeline) or none (recovery).
-    Compares equal to any sequence of the same transitions (a list included).
+    A million frozen ``Transition`` objects (or a million tuples) cost more to build than
+    replaying the events that produce them; most callers read a few (one actor's timeline)
+    or none (recovery). A step's state after is the actor's next step's state before, or
+    the actor's final state: worked out once, on the first read. Compares equal to any
+    sequence of the same transitions (a list included).
     """
 
-    __slots__ = ("_rows",)
+    __slots__ = ("_dests", "_final", "trail")
 
     def __init__(self) -> None:
-        self._rows: list[tuple[events.Event, str, str, str | None]] = []
+        self.trail = actors.Trail()
+        """The steps, as replay records them."""
+        self._final: dict[str, str] = {}
+        self._dests: list[str] | None = None
 
-    @staticmethod
-    def _build(row: tuple[events.Event, str, str, str | None]) -> hooks.Transition:
-        event, source, dest, reason = row
+    def seal(self, final: dict[str, str]) -> None:
+        """The actors' states after the last step (replay calls this when it is done)."""
+        self._final = final
+        self._dests = None
+
+    def _dest_list(self) -> list[str]:
+        dests = self._dests
+        if dests is None:
+            after = dict(self._final)
+            trail = self.trail
+            dests = [""] * len(trail.sources)
+            for i in range(len(dests) - 1, -1, -1):
+                actor_id = trail.events[i].actor_id
+                dests[i] = after[actor_id]
+                after[actor_id] = trail.sources[i]
+            self._dests = dests
+        return dests
+
+    def _build(self, index: int) -> hooks.Transition:
+        trail = self.trail
+        event = trail.events[index]
         kind = event.type
-        return hooks.Transition(event.actor_id, source, dest, kind, kind, event.at, reason)
+        return hooks.Transition(
+            event.actor_id,
+            trail.sources[index],
+            self._dest_list()[index],
+            kind,
+            kind,
+            event.at,
+            trail.reasons.get(index),
+        )
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self.trail.sources)
 
     @overload
     def __getitem__(self, index: int) -> hooks.Transition: ...
@@ -53,11 +85,11 @@ class TransitionList(Sequence[hooks.Transition]):
 
     def __getitem__(self, index: int | slice) -> hooks.Transition | list[hooks.Transition]:
         if isinstance(index, slice):
-            return [self._build(row) for row in self._rows[index]]
-        return self._build(self._rows[index])
+            return [self._build(i) for i in range(len(self))[index]]
+        return self._build(range(len(self))[index])
 
     def __iter__(self) -> Iterator[hooks.Transition]:
-        return map(self._build, self._rows)
+        return map(self._build, range(len(self)))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence):
@@ -100,11 +132,20 @@ class Replayer:
 
     def __init__(self, spec: machine.MachineSpec | None = None) -> None:
         self.spec = spec or machine.load_spec()
-        self.causes: dict[str, events.Event] = {}
-        """For actors in an in-flight state: the event that entered it."""
         self.table = actors.ActorTable(self.spec)
         """The actors, as the agent holds them."""
         self._effects = self.spec.effects
+        self._entered: dict[str, events.Event] = {}
+
+    @property
+    def causes(self) -> dict[str, events.Event]:
+        """For actors in an in-flight state: the event that entered it."""
+        entered, effects = self._entered, self._effects
+        return {
+            actor.actor_id: entered[actor.actor_id]
+            for actor in self.table
+            if actor.state in effects and actor.actor_id in entered
+        }
 
     @property
     def last_seq(self) -> int:
@@ -118,66 +159,61 @@ class Replayer:
     def load(self, base: snapshot.Snapshot, *, actor: str | None = None) -> None:
         """Start from ``base`` (only ``actor`` when given)."""
         self.load_views([v for v in base.actors if actor is None or v.actor_id == actor], base.seq)
-        self.causes.update({a: e for a, e in base.causes.items() if actor is None or a == actor})
+        self._entered.update({a: e for a, e in base.causes.items() if actor is None or a == actor})
 
     def apply(self, event: events.Event) -> tuple[str, str, str | None]:
         """Apply one accepted event: ``(source, dest, reason)``; InvalidEvent if refused."""
         step = self.table.apply(event)
-        self._note_cause(step)
+        if step.dest != step.source:
+            self._entered[event.actor_id] = step.event
         return step.source, step.dest, step.reason
-
-    def _note_cause(self, step: actors.Step) -> None:
-        if step.effect is not None:
-            self.causes[step.event.actor_id] = step.event
-        elif step.dest not in self._effects:
-            self.causes.pop(step.event.actor_id, None)
 
     def feed(
         self,
         path: Path,
-        records: Iterable[tuple[int, format.Record]],
-        transitions: TransitionList | None,
-        rejections: list[format.Rejection] | None,
+        records: Sequence[format.Record],
+        transitions: TransitionList | None = None,
+        rejections: list[format.Rejection] | None = None,
+        *,
+        lines: Sequence[int] | None = None,
     ) -> int:
-        """Apply ``(line, record)`` pairs in order; the number of events applied.
+        """Apply the logged ``records`` in order (``records[i]`` is on line ``lines[i]``,
+        by default ``i + 2``); the number of events applied.
 
-        The hot path of replay: :meth:`ActorTable.advance` per event (no :class:`Step`),
-        the record's class compared by identity, the cause noted inline."""
-        advance = self.table.advance
-        causes = self.causes
-        forget_cause = causes.pop
-        effects = self._effects
-        rows = transitions._rows if transitions is not None else None
-        append = rows.append if rows is not None else None
-        rejection = format.Rejection
-        count = 0
-        for line, record in records:
-            if type(record) is rejection:
-                self._check_rejection(path, line, record)
-                if rejections is not None:
-                    rejections.append(record)
-                continue
-            try:
-                actor, source = advance(record)  # type: ignore[arg-type]
-            except lifecycle_errors.InvalidEvent as e:
-                raise errors.ReplayDivergence(
-                    path,
-                    line,
-                    f"the logged event was accepted, the machine now refuses it: {e}",
-                ) from e
-            count += 1
-            dest = actor.state
-            # What _note_cause does for a Step: an entered in-flight state keeps its cause.
-            if dest in effects:
-                if dest != source:
-                    causes[record.actor_id] = record  # type: ignore[assignment]
-            else:
-                forget_cause(record.actor_id, None)
-            if append is not None:
-                append((record, source, dest, actor.transition_reason))  # type: ignore[arg-type]
-        return count
+        The hot path of replay: :meth:`ActorTable.apply_logged`, which records the steps
+        in ``transitions`` (when given) and what entered each state; a rejection is checked
+        against the state at its point in the log."""
 
-    def _check_rejection(self, path: Path, line: int, rejection: format.Rejection) -> None:
+        refused = 0
+
+        def check(rejection: format.Rejection) -> None:
+            nonlocal refused
+            refused += 1
+            self._check_rejection(path, lambda: _line_of(rejection, records, lines), rejection)
+            if rejections is not None:
+                rejections.append(rejection)
+
+        try:
+            self.table.apply_logged(
+                records,
+                self._entered,
+                transitions.trail if transitions is not None else None,
+                other=format.Rejection,
+                on_other=check,
+            )
+        except lifecycle_errors.LoggedEventRefused as e:
+            raise errors.ReplayDivergence(
+                path,
+                _line_of(e.record, records, lines),
+                f"the logged event was accepted, the machine now refuses it: {e}",
+            ) from e
+        if transitions is not None:
+            transitions.seal({actor.actor_id: actor.state for actor in self.table})
+        return len(records) - refused
+
+    def _check_rejection(
+        self, path: Path, line_of: Callable[[], int], rejection: format.Rejection
+    ) -> None:
         event = rejection.event
         state = self.table.state_of(event.actor_id)
         try:
@@ -187,14 +223,14 @@ class Replayer:
         else:
             raise errors.ReplayDivergence(
                 path,
-                line,
+                line_of(),
                 f"the event {event.type!r} was refused ({rejection.problem}); the machine now "
                 f"accepts it in state {state!r}",
             )
         if state != rejection.state:
             raise errors.ReplayDivergence(
                 path,
-                line,
+                line_of(),
                 f"the event {event.type!r} was refused in state {rejection.state!r}; on "
                 f"replay the actor is in state {state!r}",
             )
@@ -205,6 +241,12 @@ class Replayer:
 
     def __len__(self) -> int:
         return len(self.table)
+
+
+def _line_of(record: object, records: Sequence[object], lines: Sequence[int] | None) -> int:
+    """The line of ``record`` (found by identity: only when naming a line in an error)."""
+    index = next(i for i, r in enumerate(records) if r is record)
+    return lines[index] if lines is not None else index + 2
 
 
 def replay(
@@ -236,11 +278,13 @@ def replay_contents(
         replayer.load(contents.snapshot, actor=actor)
     transitions = TransitionList() if keep_transitions else None
     rejections: list[format.Rejection] = []
-    numbered = enumerate(contents.records, start=2)
+    records: Sequence[format.Record] = contents.records
+    lines = None
     if actor is not None:
-        numbered = ((n, r) for n, r in numbered if r.actor_id == actor)  # type: ignore[assignment]
+        mine = [(n, r) for n, r in enumerate(records, start=2) if r.actor_id == actor]
+        lines, records = [n for n, _ in mine], [r for _, r in mine]
     with reader.gc_paused():
-        count = replayer.feed(contents.path, numbered, transitions, rejections)
+        count = replayer.feed(contents.path, records, transitions, rejections, lines=lines)
     return ReplayResult(
         path=contents.path,
         actors=replayer.views(),

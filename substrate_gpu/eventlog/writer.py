@@ -290,7 +290,7 @@ class EventLog:
         if self._replayer is None or not batch.events:
             return
         try:
-            self._replayer.feed(self.path, ((0, e) for e in batch.events), None, None)
+            self._replayer.feed(self.path, batch.events)
         except errors.ReplayDivergence as e:
             raise errors.EventLogError(
                 f"the event log's machine refuses an event the agent accepted ({e}); open the "
@@ -487,7 +487,7 @@ def _tracker(contents: reader.LogContents, spec: machine.MachineSpec | None) -> 
     tracker = replayer.Replayer(spec)
     if contents.snapshot is not None:
         tracker.load(contents.snapshot)
-    tracker.feed(contents.path, enumerate(contents.records, start=2), None, None)
+    tracker.feed(contents.path, contents.records)
     return tracker
 
 

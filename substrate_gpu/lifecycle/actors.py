@@ -29,9 +29,9 @@ transitions can never merge them.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from substrate_gpu.lifecycle import errors, events
 
@@ -429,6 +429,15 @@ class Engine(Protocol):
         event's class is found faster than its ``type`` name, which lives on the class."""
         ...
 
+    @property
+    def logged_moves(self) -> Mapping[str, Mapping[type[events.Event], Move]]:
+        """:attr:`moves` for events read back from the log (:meth:`ActorTable.apply_logged`),
+        which may skip saving the actor for undo: the agent applied each of them once,
+        undo included, and the same callbacks on the same state do the same again. Should
+        one raise all the same (a bug), the replay fails as a whole and its table is not
+        used."""
+        ...
+
 
 def read_fields(actor: Actor) -> tuple[object, ...]:
     """Every persistent field of ``actor``, in :attr:`Actor.FIELDS` order (a test holds the
@@ -485,6 +494,20 @@ def moves_from_fire(
     }
 
 
+@dataclass(slots=True)
+class Trail:
+    """The steps :meth:`ActorTable.apply_logged` took, kept compact: no object is built
+    per step (a million of them cost more than the steps), and each step's state after is
+    the actor's next step's state before (or its final state)."""
+
+    events: list[events.Event] = field(default_factory=list)
+    """The applied events, in order."""
+    sources: list[str] = field(default_factory=list)
+    """``sources[i]``: the state before ``events[i]``."""
+    reasons: dict[int, str] = field(default_factory=dict)
+    """``reasons[i]``: why, where step ``i`` has a reason (failures and refusals)."""
+
+
 class Step(NamedTuple):
     """The result of applying one accepted event (a tuple: cheap to build per event)."""
 
@@ -511,10 +534,13 @@ class ActorTable:
         self._spec = spec
         self._engine: Engine = engine if engine is not None else spec.interpreter
         self._moves = self._engine.moves
+        self._logged_moves = self._engine.logged_moves
         self._initial = spec.initial
         self._effects = spec.effects
         self._actors: dict[str, Actor] = {}
         self._counts: dict[str, int] = dict.fromkeys(spec.state_names, 0)
+        self._counts_stale = False
+        """:meth:`apply_logged` moved actors without counting: recount when asked."""
         self._seq = 0
 
     @property
@@ -543,7 +569,13 @@ class ActorTable:
         return actor.state if actor is not None else self._initial
 
     def state_counts(self) -> Mapping[str, int]:
-        """Actors per state, every state listed (O(states), kept on each commit)."""
+        """Actors per state, every state listed (O(states), kept on each commit; counted
+        once, O(actors), after :meth:`apply_logged`)."""
+        if self._counts_stale:
+            counts = dict.fromkeys(self._spec.state_names, 0)
+            for actor in self._actors.values():
+                counts[actor.state] += 1
+            self._counts, self._counts_stale = counts, False
         return dict(self._counts)
 
     def put(self, view: ActorView) -> None:
@@ -596,8 +628,8 @@ class ActorTable:
 
     def advance(self, event: events.Event) -> tuple[Actor, str]:
         """:meth:`apply`'s work without the :class:`Step`: the actor (moved, its
-        ``transition_reason`` and ``refusal`` set) and its state before. Replay's hot path:
-        ``event`` is applied as it is (an unstamped one gets no ``seq``)."""
+        ``transition_reason`` and ``refusal`` set) and its state before. ``event`` is
+        applied as it is (an unstamped one gets no ``seq``)."""
         actor = self._actors.get(event.actor_id)
         if actor is None:
             return self._admit(event)
@@ -618,6 +650,68 @@ class ActorTable:
         if event.seq > self._seq:  # noqa: PLR1730 (a call to max costs more per event)
             self._seq = event.seq
         return actor, source
+
+    def apply_logged(
+        self,
+        records: Sequence[Any],
+        entered: dict[str, events.Event],
+        trail: Trail | None = None,
+        *,
+        other: type | None = None,
+        on_other: Callable[[Any], None] | None = None,
+    ) -> None:
+        """Apply events read back from the log, in log order: what :meth:`advance` does
+        for each, through :attr:`Engine.logged_moves` (no undo), and without keeping the
+        per-state counts on the way (recounted once, when next asked for). Replay's and
+        recovery's hot path: a million events per second is the order of magnitude.
+
+        ``entered[actor_id]`` becomes the event that last changed the actor's state.
+        ``trail``, when given, gets every applied event, its state before and its reason.
+        A record of class ``other`` is not an event: it goes to ``on_other`` (in order:
+        the replayer checks a logged rejection against the state at that point). An event
+        the machine refuses raises :class:`LoggedEventRefused`; the events before it stay
+        applied (the caller discards the table).
+        """
+        actors_get = self._actors.get
+        moves = self._logged_moves
+        keep = trail is not None
+        if trail is not None:
+            push_event, push_source = trail.events.append, trail.sources.append
+            sources, reasons = trail.sources, trail.reasons
+        self._counts_stale = True
+        record = None
+        try:
+            for record in records:
+                if type(record) is other:
+                    on_other(record)  # type: ignore[misc]
+                    continue
+                actor = actors_get(record.actor_id)
+                if actor is None:
+                    actor, source = self._admit(record)
+                else:
+                    source = actor.state
+                    try:
+                        move = moves[source][type(record)]
+                    except KeyError:
+                        raise self._not_accepted(record, source, known=True) from None
+                    actor.refusal = None
+                    actor.transition_reason = None
+                    if not move(actor, record):
+                        raise self._no_transition(record, source)
+                if actor.state != source:
+                    entered[record.actor_id] = record
+                if keep:
+                    reason = actor.transition_reason
+                    if reason is not None:
+                        reasons[len(sources)] = reason
+                    push_event(record)
+                    push_source(source)
+        except errors.InvalidEvent as e:
+            raise errors.LoggedEventRefused(record, e) from e
+        for record in reversed(records):
+            if type(record) is not other:
+                self._seq = max(self._seq, record.seq)
+                break
 
     def _admit(self, event: events.Event) -> tuple[Actor, str]:
         """An unknown actor's first event (its registration, or a refusal)."""

@@ -34,6 +34,15 @@ class InvalidEvent(exceptions.SubstrateGpuError):
         )
 
 
+class LoggedEventRefused(InvalidEvent):
+    """An event read back from the log is refused now (replay): ``record`` is that event,
+    so the caller can name its line."""
+
+    def __init__(self, record: object, refused: InvalidEvent) -> None:
+        super().__init__(refused.actor_id, refused.state, refused.event_type, refused.problem)
+        self.record = record
+
+
 class AgentClosedError(exceptions.SubstrateGpuError):
     """The agent is not serving (not entered yet, closed, or stopped by a recorder failure)."""
 

@@ -238,7 +238,7 @@ def main() -> None:
 
         def apply_only() -> int:
             replayer = Replayer()
-            return replayer.feed(log, enumerate(contents.records, start=2), TransitionList(), [])  # type: ignore[attr-defined]
+            return replayer.feed(log, contents.records, TransitionList(), [])  # type: ignore[attr-defined]
 
         apply_s, _ = _timed(apply_only, args.repeat)
         full_s, result = _timed(lambda: replay(log), args.repeat)

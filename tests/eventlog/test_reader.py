@@ -11,6 +11,7 @@ import pytest
 from eventlog import logs
 from substrate_gpu import eventlog
 from substrate_gpu.eventlog import EventLog, read_log
+from substrate_gpu.lifecycle import events
 
 pytestmark = pytest.mark.anyio
 
@@ -211,3 +212,20 @@ def test_events_survive_a_round_trip_through_the_decoders(log_path: Path, tmp_pa
     data = json.loads(events.RunRequested(actor_id="a", seq=1, at=5.0).to_json())
     data["at"] = 5
     assert format.decode_event(data).at == 5.0 and isinstance(format.decode_event(data).at, float)
+
+
+def test_seq_order_is_checked_across_rejection_lines(log_path: Path) -> None:
+    """Rejections carry no seq: the events around one must still follow each other."""
+    rejected = eventlog.Rejection(
+        event=events.RunRequested(actor_id="a", at=1.0), state="registered", problem="p"
+    ).to_json()
+    logs.write_lines(
+        log_path, logs.header(), logs.registered("a", 2), rejected, logs.registered("b", 3)
+    )
+    assert [r.seq for r in read_log(log_path).events] == [2, 3]
+    logs.write_lines(
+        log_path, logs.header(), logs.registered("a", 2), rejected, logs.registered("b", 2)
+    )
+    with pytest.raises(eventlog.CorruptLogError, match="does not follow seq 2") as info:
+        read_log(log_path)
+    assert info.value.line == 4

@@ -16,6 +16,7 @@ from lifecycle.doubles import FakeInjector, FakeProbe, FakeRuntime
 from eventlog import logs
 from substrate_gpu import eventlog
 from substrate_gpu.eventlog import EventLog, replay
+from substrate_gpu.eventlog.replayer import Replayer
 from substrate_gpu.lifecycle import Agent, errors, events
 
 ACTORS = ("a0", "a1", "a2")
@@ -182,3 +183,33 @@ def test_a_refusal_the_machine_now_accepts_is_a_divergence(log_path: Path) -> No
         eventlog.ReplayDivergence, match=":3: the event 'actor_registered' was refused"
     ):
         replay(log_path)
+
+
+def test_a_divergence_in_one_actors_replay_names_its_line_in_the_whole_log(
+    log_path: Path,
+) -> None:
+    """--actor replays a subset of the lines; the line named is still the log's own."""
+    bad = events.RunRequested(actor_id="b", seq=4, at=1.0).to_json()
+    logs.write_lines(
+        log_path, logs.header(), logs.registered("a", 1), logs.registered("b", 2),
+        logs.registered("c", 3), bad,
+    )  # fmt: skip
+    with pytest.raises(eventlog.ReplayDivergence, match=r"events.jsonl:5: the logged event"):
+        replay(log_path, actor="b")
+
+
+@pytest.mark.anyio
+async def test_replayed_state_counts_equal_a_recount_and_stay_right_after(
+    log_path: Path, tmp_path: Path
+) -> None:
+    """Replay moves actors without counting them per event; the table's counts, asked for
+    afterwards, are a recount, and later live applies keep them right."""
+    await logs.short_life(log_path, tmp_path)
+    replayer = Replayer()
+    replayer.feed(log_path, eventlog.read_log(log_path).records)
+    counts = replayer.table.state_counts()
+    assert {s: n for s, n in counts.items() if n} == {"suspended": 1, "running": 1, "deleted": 1}
+    replayer.apply(events.DeleteRequested(actor_id="g2", seq=replayer.last_seq + 1))
+    after = replayer.table.state_counts()
+    assert (after["running"], after["deleting"]) == (0, 1)
+    assert sum(after.values()) == len(replayer)

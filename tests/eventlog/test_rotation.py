@@ -50,9 +50,7 @@ class _Crash(Exception):
 def _states_at(reference: Path, seq: int) -> dict[str, object]:
     """The reference log's states after its events up to ``seq``."""
     replayer = Replayer()
-    replayer.feed(
-        reference, ((0, e) for e in read_log(reference).events if e.seq <= seq), None, None
-    )
+    replayer.feed(reference, [e for e in read_log(reference).events if e.seq <= seq])
     return dict(replayer.views())
 
 

@@ -101,6 +101,38 @@ def test_every_transition_fires_as_declared(
     assert sum(table.state_counts().values()) == 1
 
 
+@pytest.mark.parametrize(("t", "source"), CASES)
+def test_every_transition_fires_as_declared_when_replayed(
+    t: machine.TransitionSpec, source: str
+) -> None:
+    """Replay applies logged events through the interpreter's moves without undo: the same
+    dest, and the event is noted as what entered the state when the state changed."""
+    table = actors.ActorTable(SPEC)
+    actor, event_fields = _setup_for(t, source)
+    if actor is not None:
+        table.put(actor)
+    event = make_event(t.trigger, **event_fields).stamped(7)
+    entered: dict[str, events.Event] = {}
+    table.apply_logged([event], entered)
+    assert table.state_of("a") == t.dest_from(source)
+    assert entered == ({"a": event} if t.dest_from(source) != source else {})
+    assert table.state_counts()[t.dest_from(source)] == 1
+    assert table.last_seq == 7
+
+
+@pytest.mark.parametrize(("t", "source"), CASES)
+def test_every_condition_answers_a_bool(t: machine.TransitionSpec, source: str) -> None:
+    """The interpreter indexes its decision tables with the conditions' answers: each
+    must be exactly True or False, on every transition's set-up."""
+    actor, event_fields = _setup_for(t, source)
+    subject = actors.Actor("a", source)
+    if actor is not None:
+        subject.load(actor)
+    event = make_event(t.trigger, **event_fields)
+    for name in sorted(actors.CONDITIONS):
+        assert type(getattr(actors.Actor, name)(subject, event)) is bool, name
+
+
 INVALID = [
     pytest.param(state, event_type, id=f"{state}-{event_type}")
     for state in SPEC.state_names
@@ -144,11 +176,12 @@ def test_every_invalid_event_is_refused_and_changes_nothing(
         ),
     ],
 )
+@pytest.mark.parametrize("engine", ENGINES)
 def test_event_whose_guards_all_fail_is_refused(
-    state: str, event: events.Event, fields: dict[str, object]
+    state: str, event: events.Event, fields: dict[str, object], engine: type[actors.Engine]
 ) -> None:
     """A trigger valid in the state but with no guard holding is refused, actor intact."""
-    table = _table(machine.TransitionsEngine)
+    table = _table(engine)
     table.put(_actor(state, **fields))
     before = table.get("a").snapshot()
     with pytest.raises(errors.InvalidEvent, match="no transition's conditions hold"):
@@ -156,9 +189,33 @@ def test_event_whose_guards_all_fail_is_refused(
     assert table.get("a").snapshot() == before
 
 
+def test_a_logged_event_the_machine_refuses_names_itself() -> None:
+    """Replay's refusal carries the record refused (its line is named from it)."""
+    table = actors.ActorTable(SPEC)
+    table.put(_actor("running"))
+    good = events.CudaContextOpened(actor_id="a", pid=7, seq=1)
+    bad = events.CudaContextClosed(actor_id="a", pid=8, seq=2)
+    entered: dict[str, events.Event] = {}
+    with pytest.raises(errors.LoggedEventRefused, match="no transition's conditions hold") as info:
+        table.apply_logged([good, bad, good], entered)
+    assert info.value.record is bad
+
+
 @pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(
+    ("callback", "event"),
+    [
+        pytest.param(
+            "remember_reason", events.SandboxExited(actor_id="a", status=1), id="unguarded"
+        ),
+        pytest.param("forget_route", events.SuspendRequested(actor_id="a"), id="guarded"),
+    ],
+)
 def test_a_raising_callback_leaves_the_actor_unchanged(
-    monkeypatch: pytest.MonkeyPatch, engine: type[actors.Engine]
+    monkeypatch: pytest.MonkeyPatch,
+    engine: type[actors.Engine],
+    callback: str,
+    event: events.Event,
 ) -> None:
     """A callback failing mid-transition does not leak partial changes into the actor."""
 
@@ -167,12 +224,12 @@ def test_a_raising_callback_leaves_the_actor_unchanged(
         raise RuntimeError("callback bug")
 
     # Before the engine is built: the interpreter binds callbacks when it compiles.
-    monkeypatch.setattr(actors.Actor, "remember_reason", boom)
+    monkeypatch.setattr(actors.Actor, callback, boom)
     table = _table(engine)
     table.put(_actor("running", gpu=True))
     before = table.get("a").snapshot()
     with pytest.raises(RuntimeError):
-        table.apply(events.SandboxExited(actor_id="a", status=1))
+        table.apply(event)
     assert table.get("a").snapshot() == before
     assert table.state_counts()["running"] == 1
 

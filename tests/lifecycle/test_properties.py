@@ -205,13 +205,13 @@ def test_the_interpreter_agrees_with_the_transitions_reference(
 
     replayed = Replayer(SPEC)
     transitions = TransitionList()
-    replayed.feed(Path("log"), enumerate(records, start=2), transitions, [])
+    replayed.feed(Path("log"), records, transitions, [])
     assert replayed.views() == final
     assert [(t.actor_id, t.source, t.dest, t.reason) for t in transitions] == steps
 
     first = Replayer(SPEC)
-    first.feed(Path("log"), enumerate(records[:cut], start=2), None, None)
+    first.feed(Path("log"), records[:cut])
     resumed = Replayer(SPEC)
     resumed.load_views(first.views().values(), first.last_seq)
-    resumed.feed(Path("log"), enumerate(records[cut:], start=2), None, None)
+    resumed.feed(Path("log"), records[cut:])
     assert resumed.views() == final
