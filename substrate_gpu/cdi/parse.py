@@ -44,12 +44,8 @@ from typing import Final, NoReturn
 import yaml
 
 from substrate_gpu import exceptions
+from substrate_gpu._yaml import SafeLoader as _SafeLoader
 from substrate_gpu.cdi import bodies, model, versions
-
-try:
-    from yaml import CSafeLoader as _SafeLoader
-except ImportError:  # pragma: no cover - PyYAML built without libyaml
-    from yaml import SafeLoader as _SafeLoader  # type: ignore[assignment]
 
 __all__ = ["load_spec", "parse_spec"]
 

@@ -31,6 +31,7 @@ from typing import Any, cast
 import yaml
 from transitions import Machine
 
+from substrate_gpu import _yaml
 from substrate_gpu.lifecycle import actors, errors, events, names, registry
 
 #: Where ``machines/actor.yaml`` is found, in order: a source checkout (the repository
@@ -165,7 +166,7 @@ def _names(raw: object, path: Path, where: str, key: str) -> tuple[str, ...]:
 def load_spec(path: Path = DEFAULT_MACHINE) -> MachineSpec:
     """Read and validate the lifecycle YAML at ``path``."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = _yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise errors.MachineDefinitionError(
             f"cannot read lifecycle machine {path}: {e.strerror or e}"
