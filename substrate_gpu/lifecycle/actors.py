@@ -694,7 +694,7 @@ class ActorTable:
                         move = moves[source][type(record)]
                     except KeyError:
                         raise self._not_accepted(record, source, known=True) from None
-                    actor.refusal = None
+                    # Not ``refusal``: only apply() reads it, and advance() resets it first.
                     actor.transition_reason = None
                     if not move(actor, record):
                         raise self._no_transition(record, source)
