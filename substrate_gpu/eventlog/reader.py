@@ -202,8 +202,11 @@ def _parse_line(path: Path, number: int, line: bytes) -> format.Record:
 
 
 def _check_order(path: Path, records: list[format.Record], base_seq: int) -> None:
-    rejection = format.Rejection
-    seqs = [r.seq for r in records if r.__class__ is not rejection]  # type: ignore[union-attr]
+    try:
+        seqs = [r.seq for r in records]  # type: ignore[union-attr]
+    except AttributeError:  # a rejection (they carry no seq): the rare case
+        rejection = format.Rejection
+        seqs = [r.seq for r in records if r.__class__ is not rejection]  # type: ignore[union-attr]
     if all(map(operator.lt, [base_seq, *seqs], seqs)):
         return  # the common case, checked in C; otherwise find the line below
     last = base_seq
