@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
+import msgspec
+
 from substrate_gpu import eventlog
 from substrate_gpu.cli import _errors
 from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_OK
@@ -234,7 +236,7 @@ def _document(
                 )
         view = result.actors.get(actor_id)
         actors[actor_id] = {
-            "final": dataclasses.asdict(view) if view is not None else None,
+            "final": msgspec.structs.asdict(view) if view is not None else None,
             "timeline": timeline,
         }
     return {

@@ -135,16 +135,15 @@ class Replayer:
         self.table = actors.ActorTable(self.spec)
         """The actors, as the agent holds them."""
         self._effects = self.spec.effects
-        self._entered: dict[str, events.Event] = {}
 
     @property
     def causes(self) -> dict[str, events.Event]:
         """For actors in an in-flight state: the event that entered it."""
-        entered, effects = self._entered, self._effects
+        effects = self._effects
         return {
-            actor.actor_id: entered[actor.actor_id]
+            actor.actor_id: actor.entered_by
             for actor in self.table
-            if actor.state in effects and actor.actor_id in entered
+            if actor.state in effects and actor.entered_by is not None
         }
 
     @property
@@ -159,13 +158,16 @@ class Replayer:
     def load(self, base: snapshot.Snapshot, *, actor: str | None = None) -> None:
         """Start from ``base`` (only ``actor`` when given)."""
         self.load_views([v for v in base.actors if actor is None or v.actor_id == actor], base.seq)
-        self._entered.update({a: e for a, e in base.causes.items() if actor is None or a == actor})
+        for actor_id, cause in base.causes.items():
+            loaded = self.table.get(actor_id)
+            if loaded is not None:
+                loaded.entered_by = cause
 
     def apply(self, event: events.Event) -> tuple[str, str, str | None]:
         """Apply one accepted event: ``(source, dest, reason)``; InvalidEvent if refused."""
         step = self.table.apply(event)
         if step.dest != step.source:
-            self._entered[event.actor_id] = step.event
+            self.table.get(event.actor_id).entered_by = step.event  # type: ignore[union-attr]
         return step.source, step.dest, step.reason
 
     def feed(
@@ -196,7 +198,6 @@ class Replayer:
         try:
             self.table.apply_logged(
                 records,
-                self._entered,
                 transitions.trail if transitions is not None else None,
                 other=format.Rejection,
                 on_other=check,

@@ -17,12 +17,13 @@ thus as large as the agent's actor table, never as its history.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+import msgspec
 
 from substrate_gpu import _atomic
 from substrate_gpu.eventlog import errors, format
@@ -33,10 +34,11 @@ from substrate_gpu.lifecycle.actors import ActorView
 FORMAT: Final = "substrate-gpu-eventlog-snapshot"
 VERSION: Final = 1
 
-_VIEW_FIELDS: Final = {f.name: str(f.type) for f in dataclasses.fields(ActorView)}
+# The annotations as written ("str | None"): actors.py postpones their evaluation.
+_VIEW_FIELDS: Final[dict[str, str]] = dict(ActorView.__annotations__)
 #: Fields an older snapshot may lack (they have defaults, as in older event versions).
 _VIEW_OPTIONAL: Final = frozenset(
-    f.name for f in dataclasses.fields(ActorView) if f.default is not dataclasses.MISSING
+    f.name for f in msgspec.structs.fields(ActorView) if f.default is not msgspec.NODEFAULT
 )
 _VIEW_CHECKS: Final = {
     "str": lambda x: isinstance(x, str),
@@ -70,7 +72,7 @@ def encode(snapshot: Snapshot) -> bytes:
             "format": FORMAT,
             "v": VERSION,
             "seq": snapshot.seq,
-            "actors": [dataclasses.asdict(view) for view in snapshot.actors],
+            "actors": [msgspec.structs.asdict(view) for view in snapshot.actors],
             "causes": {a: e.to_dict() for a, e in snapshot.causes.items()},
         },
         separators=(",", ":"),

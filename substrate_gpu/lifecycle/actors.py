@@ -28,10 +28,11 @@ transitions can never merge them.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+import msgspec
 
 from substrate_gpu.lifecycle import errors, events
 
@@ -72,7 +73,7 @@ class Actor:
         "gpu_next",
         "uses_allocator",
     )
-    __slots__ = (*FIELDS, "refusal", "transition_reason")
+    __slots__ = (*FIELDS, "entered_by", "refusal", "transition_reason")
 
     def __init__(self, actor_id: str, state: str) -> None:
         self.actor_id = actor_id
@@ -119,10 +120,14 @@ class Actor:
         """Set by the applied transition: the bounded refusal reason, if it is one."""
         self.transition_reason: str | None = None
         """Set by the applied transition: why, for failures and refusals."""
+        self.entered_by: events.Event | None = None
+        """The logged event that entered the current state, as replay saw it
+        (:meth:`ActorTable.apply_logged`; recovery needs it for in-flight states). The live
+        agent does not keep it: its pipeline holds the event it acts on."""
 
     def snapshot(self) -> ActorView:
         """An immutable copy, handed to effects and callers."""
-        return ActorView(*_GET_FIELDS(self))
+        return ActorView(*read_fields(self))  # type: ignore[arg-type]
 
     def load(self, view: ActorView) -> None:
         """Take every field of ``view`` (recovery from a snapshot)."""
@@ -367,12 +372,12 @@ class Actor:
         self.cuda_pids = self.checkpoint_cuda_pids
 
 
-_GET_FIELDS = operator.attrgetter(*Actor.FIELDS)
+class ActorView(msgspec.Struct, frozen=True, gc=False):
+    """A read-only snapshot of an :class:`Actor` (fields in :attr:`Actor.FIELDS` order).
 
-
-@dataclass(frozen=True, slots=True)
-class ActorView:
-    """A read-only snapshot of an :class:`Actor` (fields in :attr:`Actor.FIELDS` order)."""
+    A msgspec ``Struct``: built in C (a frozen dataclass of 19 fields cost 25 times more,
+    and replay builds one per actor); strings, numbers and None only, so no GC tracking.
+    """
 
     actor_id: str
     state: str
@@ -587,6 +592,7 @@ class ActorTable:
             actor = self._actors[view.actor_id] = Actor(view.actor_id, view.state)
         else:
             self._counts[actor.state] -= 1
+            actor.entered_by = None  # a view does not say which event entered its state
         actor.load(view)
         self._counts[actor.state] += 1
 
@@ -654,7 +660,6 @@ class ActorTable:
     def apply_logged(
         self,
         records: Sequence[Any],
-        entered: dict[str, events.Event],
         trail: Trail | None = None,
         *,
         other: type | None = None,
@@ -665,7 +670,7 @@ class ActorTable:
         per-state counts on the way (recounted once, when next asked for). Replay's and
         recovery's hot path: a million events per second is the order of magnitude.
 
-        ``entered[actor_id]`` becomes the event that last changed the actor's state.
+        An actor's :attr:`~Actor.entered_by` becomes the event that changed its state.
         ``trail``, when given, gets every applied event, its state before and its reason.
         A record of class ``other`` is not an event: it goes to ``on_other`` (in order:
         the replayer checks a logged rejection against the state at that point). An event
@@ -699,7 +704,7 @@ class ActorTable:
                     if not move(actor, record):
                         raise self._no_transition(record, source)
                 if actor.state != source:
-                    entered[record.actor_id] = record
+                    actor.entered_by = record
                 if keep:
                     reason = actor.transition_reason
                     if reason is not None:

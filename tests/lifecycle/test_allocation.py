@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -146,7 +147,7 @@ def test_only_states_marked_holds_gpus_keep_the_allocation() -> None:
         live_contexts=0, sandbox=False, reason=None, gpu_devices="nvidia.com/gpu=2",
     )  # fmt: skip
     assert held_by(view, SPEC.gpu_holding_states) == ()
-    running = dataclasses.replace(view, state="running")
+    running = msgspec.structs.replace(view, state="running")
     assert held_by(running, SPEC.gpu_holding_states) == ("nvidia.com/gpu=2",)
     assert "awaiting_gpus" not in SPEC.gpu_holding_states
 

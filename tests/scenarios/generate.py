@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
+import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -329,7 +330,7 @@ async def _generate(name: str) -> None:
         text = _normalise(world.log, Path(tmp))
         seen = [[t.actor_id, t.source, t.dest, t.trigger] for t in world.transitions]
         assert _is_subsequence(keys, seen), (name, seen)
-        views = {a: dataclasses.asdict(world.views[a]) for a in sorted(world.views)}
+        views = {a: msgspec.structs.asdict(world.views[a]) for a in sorted(world.views)}
     expected = {
         "description": (run.__doc__ or "").strip(),
         "final": {

@@ -6,10 +6,10 @@ change to the machine; a replay that diverges from a scenario is otherwise a reg
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from substrate_gpu.eventlog import read_log, replay
@@ -41,7 +41,7 @@ def test_every_required_scenario_is_there() -> None:
 def test_a_scenario_replays_to_the_live_final_states(name: str) -> None:
     """Every actor's replayed view equals the live agent's, field for field."""
     result = replay(HERE / f"{name}.jsonl")
-    final = {a: dataclasses.asdict(view) for a, view in result.actors.items()}
+    final = {a: msgspec.structs.asdict(view) for a, view in result.actors.items()}
     assert final == _expected(name)["final"]
     assert result.torn_tail is None
 

@@ -17,7 +17,6 @@ later agent must replay them to exactly the states and transitions recorded besi
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import io
 import json
@@ -27,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 import anyio
+import msgspec
 
 TESTS = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(TESTS))
@@ -38,7 +38,7 @@ def _expected(log: Path) -> dict[str, object]:
 
     result = replay(log)
     return {
-        "final": {a: dataclasses.asdict(v) for a, v in sorted(result.actors.items())},
+        "final": {a: msgspec.structs.asdict(v) for a, v in sorted(result.actors.items())},
         "transitions": [
             [t.actor_id, t.event_type, t.source, t.dest, t.at, t.reason] for t in result.transitions
         ],
