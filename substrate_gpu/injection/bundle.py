@@ -31,7 +31,7 @@ from substrate_gpu import _atomic, exceptions
 from substrate_gpu.injection import devices as devices_
 from substrate_gpu.injection import hooks as hooks_
 from substrate_gpu.injection import oci, toolkit
-from substrate_gpu.rootfs import staging
+from substrate_gpu.rootfs import host_watch, staging
 
 if TYPE_CHECKING:
     from substrate_gpu.cdi import model
@@ -83,26 +83,40 @@ class InjectionReport:
 _Devices = tuple[devices_.ResolvedDevice, ...]
 
 
+@dataclass(frozen=True)
+class _Resolution:
+    """The last device resolution of a :class:`PlanCache`, and what vouches for it."""
+
+    edits: model.ContainerEdits
+    dev_root: Path
+    fingerprint: tuple[object, ...]
+    resolved: _Devices
+    watch: host_watch.HostWatch | None
+    token: int | None
+    """The watch's token, armed before the stats (``None``: the nodes are not watched)."""
+
+
 class PlanCache:
     """Remembers the last injection plan, so later actors on a worker skip re-planning.
 
     The plan is a pure function of the edits, the resolved devices, the driver root and the
     hook binary. The edits are compared by identity (the worker's parsed spec is shared and
-    immutable), the rest by value. Device nodes are stat-ed for every injection; their
-    resolution is reused while the stats say the same.
+    immutable), the rest by value. The resolution of the device nodes is reused while the
+    host watch says none of the host nodes changed since they were last stat-ed, or, where
+    the nodes cannot be watched, while they stat the same.
+
+    ``watch``: as for :class:`~substrate_gpu.rootfs.sonames.SonameCache`.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, watch: host_watch.HostWatch | Literal["shared"] | None = "shared"
+    ) -> None:
+        self._watch = watch
         self._key: tuple[object, ...] | None = None
         self._edits: model.ContainerEdits | None = None
         self._plan: oci.InjectionPlan | None = None
         self._hook_binaries: dict[Path, str] = {}
-        self._resolved: (
-            tuple[
-                model.ContainerEdits, Path, tuple[object, ...], tuple[devices_.ResolvedDevice, ...]
-            ]
-            | None
-        ) = None
+        self._resolved: _Resolution | None = None
 
     def hook_binary(self, toolkit_dir: Path) -> str:
         """:func:`hook_binary`, chosen once per worker like its spec (which nvidia-ctk of
@@ -115,16 +129,32 @@ class PlanCache:
     def resolve(
         self, edits: model.ContainerEdits, dev_root: Path
     ) -> tuple[devices_.ResolvedDevice, ...]:
-        """:func:`devices.resolve_device_numbers` for ``edits``' nodes, reused while every
-        host node stat-s the same (type and numbers: all the resolution reads)."""
+        """:func:`devices.resolve_device_numbers` for ``edits``' nodes, reused while the
+        watch vouches for the host nodes, else while every node stat-s the same (type and
+        numbers: all the resolution reads)."""
+        watch = host_watch.shared() if self._watch == "shared" else self._watch
         last = self._resolved
-        if last is not None and last[0] is edits and last[1] == dev_root:
-            seen = devices_.host_fingerprint(edits.device_nodes, dev_root=dev_root)
-            if seen == last[2]:
-                return last[3]
-        fingerprint = devices_.host_fingerprint(edits.device_nodes, dev_root=dev_root)
+        if last is not None and last.edits is edits and last.dev_root == dev_root:
+            if (
+                last.token is not None
+                and watch is not None
+                and last.watch is watch
+                and watch.unchanged(last.token)
+            ):
+                return last.resolved
+            if last.token is None:
+                seen = devices_.host_fingerprint(edits.device_nodes, dev_root=dev_root)
+                if seen == last.fingerprint:
+                    return last.resolved
+        paths = devices_.host_paths(edits.device_nodes, dev_root=dev_root)
+        token = None if watch is None else watch.arm(paths)
+        fingerprint = (
+            devices_.host_fingerprint(edits.device_nodes, dev_root=dev_root)
+            if token is None
+            else ()
+        )
         resolved = devices_.resolve_device_numbers(edits.device_nodes, dev_root=dev_root)
-        self._resolved = (edits, dev_root, fingerprint, resolved)
+        self._resolved = _Resolution(edits, dev_root, fingerprint, resolved, watch, token)
         return resolved
 
     def plan(
@@ -159,13 +189,16 @@ def read_config(bundle: Path) -> oci.OciConfig:
 def _read_bytes_and_mode(path: Path) -> tuple[bytes, int]:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        mode = stat.S_IMODE(os.fstat(fd).st_mode)
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
+        st = os.fstat(fd)
+        # One read of the whole file as fstat sizes it (one byte more shows the end); a
+        # huge fixed buffer would cost an mmap and munmap of its own on every read.
+        chunks = [os.read(fd, st.st_size + 1)]
+        if len(chunks[0]) > st.st_size:  # it grew since fstat: read on to the end
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
     finally:
         os.close(fd)
-    return b"".join(chunks), mode
+    return b"".join(chunks), stat.S_IMODE(st.st_mode)
 
 
 def _read_config(bundle: Path) -> tuple[oci.OciConfig, int]:
@@ -277,7 +310,7 @@ def inject_gpu(
         rootfs = rootfs_of(bundle, config)
         links = staging.stage_soname_links(rootfs, plan.libraries, cache=soname_cache, log=bound)
 
-    new_config = oci.apply_plan(config, plan, in_place=True)
+    new_config = oci.apply_plan(config, plan, in_place=True, for_encoding=True)
     path = bundle / "config.json"
     try:
         _atomic.write_atomically(path, encode_config(new_config), mode=mode)

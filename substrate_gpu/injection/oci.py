@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+import msgspec
+
 from substrate_gpu import exceptions
 from substrate_gpu.injection import hooks as hooks_
 from substrate_gpu.injection import oci_bodies
@@ -49,6 +51,8 @@ if TYPE_CHECKING:
 
 #: An OCI runtime config (config.json) as parsed JSON (field types: :mod:`.oci_bodies`).
 OciConfig = oci_bodies.Config
+
+_ENCODER = msgspec.json.Encoder()
 
 _VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 _LD_LIBRARY_PATH = "LD_LIBRARY_PATH"
@@ -86,6 +90,8 @@ class InjectionPlan:
     """The cleaned destinations of :attr:`mounts` (a config mount there is replaced)."""
     ordered_mounts: tuple[tuple[tuple[int, str], model.Mount], ...] = ()
     """:attr:`mounts` stably sorted by the reference's mount order, with their sort keys."""
+    encoded_mounts: tuple[msgspec.Raw, ...] = ()
+    """The OCI entry of each of :attr:`ordered_mounts`, as ready JSON (same order)."""
 
 
 def env_key(entry: str) -> str:
@@ -133,6 +139,7 @@ def plan_injection(
             kept.append(hooks_.rewrite_hook(hook, decision.subcommand, hook_binary))
         else:
             skipped.append(decision)
+    ordered = tuple(sorted(((_order_key(m.container_path), m) for m in mounts), key=lambda p: p[0]))
     return InjectionPlan(
         libraries=tuple(
             (Path(m.host_path), m.container_path)
@@ -142,9 +149,8 @@ def plan_injection(
         devices=devices,
         mounts=tuple(mounts),
         mount_destinations=frozenset(_clean(m.container_path) for m in mounts),
-        ordered_mounts=tuple(
-            sorted(((_order_key(m.container_path), m) for m in mounts), key=lambda p: p[0])
-        ),
+        ordered_mounts=ordered,
+        encoded_mounts=tuple(msgspec.Raw(_ENCODER.encode(_mount_entry(m))) for _, m in ordered),
         env=tuple(e for e in edits.env if env_key(e) != _VISIBLE_DEVICES),
         driver_library_dir=driver_library_dir(edits, driver_root),
         hooks=tuple(kept),
@@ -312,11 +318,17 @@ def _process_ids(process: dict[str, object]) -> tuple[int, int]:
     )
 
 
-def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False) -> OciConfig:
+def apply_plan(
+    config: OciConfig, plan: InjectionPlan, *, in_place: bool = False, for_encoding: bool = False
+) -> OciConfig:
     """A new OCI config with ``plan`` applied; ``config`` is not modified.
 
     ``in_place=True`` edits ``config`` itself instead of a deep copy: for a caller that owns
     a freshly parsed config (the bundle writer), the copy is pure overhead on the hot path.
+    ``for_encoding=True`` (with ``in_place``) puts the plan's mounts in as the plan's ready
+    JSON (:attr:`InjectionPlan.encoded_mounts`, ``msgspec.Raw``): for a caller that encodes
+    the result at once with msgspec, which then writes the very same bytes, without
+    building fifty mount objects per actor to encode them again.
 
     Entries already present (same device path or mount destination: replaced; identical
     rule or hook: kept once) are not added twice. Raises
@@ -330,6 +342,8 @@ def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False
             f" injection does not grant ({', '.join(d.path for d in plan.devices)}); the bundle"
             " was injected before with other GPUs — re-create it from the image"
         )
+    if for_encoding and not in_place:
+        raise ValueError("for_encoding=True edits the config in place: pass in_place=True")
     result = config if in_place else copy.deepcopy(config)
     # Walked as untrusted JSON: every level is type-checked before it is written to.
     raw = cast("dict[str, object]", result)
@@ -363,11 +377,12 @@ def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False
         kept = sorted(((_mount_order(m), m) for m in mounts), key=lambda pair: pair[0])
         merged: list[object] = []
         position = 0
-        for key, mount in plan.ordered_mounts:
+        encoded = plan.encoded_mounts if for_encoding else ()
+        for index, (key, mount) in enumerate(plan.ordered_mounts):
             while position < len(kept) and kept[position][0] <= key:
                 merged.append(kept[position][1])
                 position += 1
-            merged.append(_mount_entry(mount))
+            merged.append(encoded[index] if encoded else _mount_entry(mount))
         merged.extend(m for _, m in kept[position:])
         mounts[:] = merged
 

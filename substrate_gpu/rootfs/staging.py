@@ -334,19 +334,48 @@ def _read_sonames(
 _Written = confined.LinkOutcome | str
 
 
+def _open_directory(
+    rootfs: Path, root_fd: int, directory: str, opened: dict[str, int], new: set[str]
+) -> int:
+    """An O_PATH descriptor of ``directory`` (in-root), created when missing.
+
+    Walks from the nearest directory opened already, one ``openat`` per real directory on
+    the way (``mkdir`` + ``openat`` where it is missing; ``mkdir`` first below a directory
+    created just now). Any symlink, ``..`` or non-directory on the way sends the whole
+    path to :func:`confined.open_dir_at`, the careful in-root resolution. Every descriptor
+    opened lands in ``opened`` (the caller closes them); created directories in ``new``.
+    """
+    fd, path = root_fd, ""
+    for name in directory.split("/"):
+        if not name:
+            continue
+        parent, path = path, f"{path}/{name}"
+        known = opened.get(path)
+        if known is not None:
+            fd = known
+            continue
+        child = confined.open_child_dir(fd, name, create=True, parent_is_new=parent in new)
+        if child is None:
+            fd = opened[directory] = confined.open_dir_at(rootfs, root_fd, directory, create=True)
+            return fd
+        fd = opened[path] = child[0]
+        if child[1]:
+            new.add(path)
+    return fd
+
+
 def _write_links(rootfs: Path, planned: Sequence[PlannedLink]) -> list[_Written]:
     """Create the links (in ``planned``'s order), one directory resolution per directory.
 
-    A directory whose parent was opened already is opened from it when it is a real
-    directory (one ``openat``), else resolved in-root from the top like the others. Link
-    names are plain (checked when planned), so a fresh rootfs costs one ``symlinkat`` per
-    link; an existing name takes :func:`confined.ensure_symlink_at`'s careful path.
+    Link names are plain (checked when planned), so a fresh rootfs costs one ``symlinkat``
+    per link; an existing name takes :func:`confined.ensure_symlink_at`'s careful path.
     """
     written: list[_Written | None] = [None] * len(planned)
     by_directory: dict[str, list[int]] = {}
     for i, link in enumerate(planned):
         by_directory.setdefault(link.directory, []).append(i)
     opened: dict[str, int] = {}
+    new: set[str] = set()
     try:
         root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
@@ -356,13 +385,7 @@ def _write_links(rootfs: Path, planned: Sequence[PlannedLink]) -> list[_Written]
         for directory in sorted(by_directory):  # a parent before its children
             indices = by_directory[directory]
             try:
-                parent, _, name = directory.rstrip("/").rpartition("/")
-                fd = None
-                if parent in opened:
-                    fd = confined.open_child_dir(opened[parent], name, create=True)
-                if fd is None:
-                    fd = confined.open_dir_at(rootfs, root_fd, directory, create=True)
-                opened[directory] = fd
+                fd = _open_directory(rootfs, root_fd, directory, opened, new)
                 for i in indices:
                     link = planned[i]
                     try:

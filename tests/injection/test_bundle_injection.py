@@ -15,6 +15,7 @@ from substrate_gpu import exceptions
 from substrate_gpu.cdi import model
 from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.rootfs import SonameCache
+from substrate_gpu.rootfs.host_watch import HostWatch
 from substrate_gpu.testing import bundles
 
 
@@ -142,16 +143,23 @@ def test_older_toolkit_spec_resolves_numbers_from_the_host(
     assert numbers["/dev/nvidiactl"] == (195, 255)
 
 
-def test_a_reused_plan_follows_a_host_node_whose_numbers_changed(
-    tmp_path, gpu_node, node_edits, options, require_root
-):
-    """The resolution is reused across actors only while the host nodes stat the same."""
-    plans = bundle_.PlanCache()
-    cache = SonameCache()
-    # Numbers left to the host (as nvidia-ctk often does): resolved by stat-ing the node.
-    unnumbered = dataclasses.replace(
-        node_edits, device_nodes=tuple(model.DeviceNode(n.path) for n in node_edits.device_nodes)
+def left_to_the_host(edits: model.ContainerEdits) -> model.ContainerEdits:
+    """``edits`` with numbers and modes left to the host (as nvidia-ctk often does)."""
+    return dataclasses.replace(
+        edits, device_nodes=tuple(model.DeviceNode(n.path) for n in edits.device_nodes)
     )
+
+
+@pytest.mark.parametrize(
+    "watch", [pytest.param(HostWatch, id="watched"), pytest.param(lambda: None, id="stat-ed")]
+)
+def test_a_reused_plan_follows_a_host_node_whose_numbers_changed(
+    tmp_path, gpu_node, node_edits, options, require_root, watch
+):
+    """The resolution is reused across actors only while the host nodes are unchanged."""
+    plans = bundle_.PlanCache(watch=watch())
+    cache = SonameCache()
+    unnumbered = left_to_the_host(node_edits)
 
     def gpu0_numbers(name: str) -> tuple[int, int]:
         bundle = bundles.make_bundle(tmp_path / name, ["true"])
@@ -172,3 +180,41 @@ def test_a_reused_plan_follows_a_host_node_whose_numbers_changed(
     finally:
         host_node.unlink()
         os.mknod(host_node, 0o666 | stat.S_IFCHR, original)
+
+
+def test_a_reused_plan_follows_a_chmod_of_a_host_node(
+    tmp_path, gpu_node, node_edits, options, require_root
+):
+    """A node's mode comes from the host: a chmod after the plan was cached is seen."""
+    plans, cache = bundle_.PlanCache(watch=HostWatch()), SonameCache()
+    edits = left_to_the_host(node_edits)
+
+    def gpu0_mode(name: str) -> int:
+        bundle = bundles.make_bundle(tmp_path / name, ["true"])
+        bundle_.inject_gpu(bundle, edits, options=options, soname_cache=cache, plan_cache=plans)
+        linux = json.loads((bundle / "config.json").read_text())["linux"]
+        (entry,) = [d for d in linux["devices"] if d["path"] == "/dev/nvidia0"]
+        return entry["fileMode"]
+
+    host_node = gpu_node.root / "dev/nvidia0"
+    original = stat.S_IMODE(host_node.stat().st_mode)
+    assert gpu0_mode("first") == gpu0_mode("second") == original
+    host_node.chmod(0o640)
+    try:
+        assert gpu0_mode("third") == 0o640
+    finally:
+        host_node.chmod(original)
+
+
+def test_a_watched_resolution_is_reused_without_a_stat(
+    gpu_node, node_edits, options, require_root, monkeypatch
+):
+    """While the host watch vouches for the nodes, a later actor's resolution stats nothing."""
+    plans = bundle_.PlanCache(watch=HostWatch())
+    edits = left_to_the_host(node_edits)
+    first = plans.resolve(edits, options.dev_root)
+    calls = []
+    real_stat = os.stat
+    monkeypatch.setattr(os, "stat", lambda *a, **k: calls.append(a) or real_stat(*a, **k))
+    assert plans.resolve(edits, options.dev_root) is first
+    assert calls == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import msgspec
 import pytest
 
 from substrate_gpu import exceptions
@@ -329,3 +330,39 @@ def test_malformed_config_is_a_clear_error(config, where):
 def test_pause_container_is_recognised(annotations, sandbox):
     """The pod's pause container is recognised by its CRI annotations."""
     assert oci.is_sandbox_container({"annotations": annotations}) is sandbox
+
+
+def _config_with_mounts(mounts: list[dict[str, object]]) -> oci.OciConfig:
+    config = base_config()
+    config["mounts"] = mounts
+    return config
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param(base_config(), id="runc-like"),
+        pytest.param(
+            _config_with_mounts(
+                [
+                    {"destination": "/usr/bin/nvidia-smi", "type": "bind", "source": "/x"},
+                    {"destination": "/usr/local/nvidia", "type": "tmpfs", "source": "tmpfs"},
+                    {"destination": "/z/deep/er", "type": "bind", "source": "/y"},
+                ]
+            ),
+            id="mount-replaced-and-interleaved",
+        ),
+        pytest.param(_config_with_mounts([]), id="no-mounts"),
+    ],
+)
+def test_ready_json_mounts_encode_to_the_same_bytes(config: oci.OciConfig) -> None:
+    """The bundle writer's pre-encoded mounts give config.json the very same bytes."""
+    expected = msgspec.json.encode(oci.apply_plan(config, plan()))
+    fast = oci.apply_plan(copy.deepcopy(config), plan(), in_place=True, for_encoding=True)
+    assert msgspec.json.encode(fast) == expected
+
+
+def test_ready_json_mounts_need_an_owned_config() -> None:
+    """Pre-encoded entries go only into a config the caller gave up (in place)."""
+    with pytest.raises(ValueError, match="in_place"):
+        oci.apply_plan(base_config(), plan(), for_encoding=True)
