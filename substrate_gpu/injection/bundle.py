@@ -186,7 +186,7 @@ def read_config(bundle: Path) -> oci.OciConfig:
     return _read_config(bundle)[0]
 
 
-def _read_bytes_and_mode(path: Path) -> tuple[bytes, int]:
+def _read_bytes_and_mode(path: str) -> tuple[bytes, int]:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -201,9 +201,14 @@ def _read_bytes_and_mode(path: Path) -> tuple[bytes, int]:
     return b"".join(chunks), stat.S_IMODE(st.st_mode)
 
 
+def _config_path(bundle: Path) -> str:
+    """``<bundle>/config.json`` as a string (no Path built per injection)."""
+    return f"{bundle}/config.json"
+
+
 def _read_config(bundle: Path) -> tuple[oci.OciConfig, int]:
     """The parsed config and the file's permission bits (kept when it is rewritten)."""
-    path = bundle / "config.json"
+    path = _config_path(bundle)
     try:
         raw, mode = _read_bytes_and_mode(path)
     except OSError as e:
@@ -245,7 +250,7 @@ def encode_config(config: oci.OciConfig) -> bytes:
 
 
 def inject_gpu(
-    bundle: Path,
+    bundle: Path | str,
     edits: model.ContainerEdits,
     *,
     options: InjectionOptions,
@@ -262,7 +267,7 @@ def inject_gpu(
     ``plan_cache`` (one per worker) lets later actors reuse the plan.
     """
     started = time.perf_counter()
-    bundle = Path(bundle)
+    bundle = bundle if isinstance(bundle, Path) else Path(bundle)
     config, mode = _read_config(bundle)
     bound = log.bind(bundle=str(bundle))
     if oci.is_sandbox_container(config):
@@ -311,7 +316,7 @@ def inject_gpu(
         links = staging.stage_soname_links(rootfs, plan.libraries, cache=soname_cache, log=bound)
 
     new_config = oci.apply_plan(config, plan, in_place=True, for_encoding=True)
-    path = bundle / "config.json"
+    path = _config_path(bundle)
     try:
         _atomic.write_atomically(path, encode_config(new_config), mode=mode)
     except OSError as e:

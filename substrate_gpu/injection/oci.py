@@ -30,12 +30,13 @@ Each rule and its reason (see docs/gpu-injection.md):
 
 from __future__ import annotations
 
+import bisect
 import copy
 import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import msgspec
 
@@ -44,7 +45,7 @@ from substrate_gpu.injection import hooks as hooks_
 from substrate_gpu.injection import oci_bodies
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
 
     from substrate_gpu.cdi import model
     from substrate_gpu.injection.devices import ResolvedDevice
@@ -53,6 +54,8 @@ if TYPE_CHECKING:
 OciConfig = oci_bodies.Config
 
 _ENCODER = msgspec.json.Encoder()
+
+_Entry = TypeVar("_Entry")
 
 _VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 _LD_LIBRARY_PATH = "LD_LIBRARY_PATH"
@@ -90,8 +93,56 @@ class InjectionPlan:
     """The cleaned destinations of :attr:`mounts` (a config mount there is replaced)."""
     ordered_mounts: tuple[tuple[tuple[int, str], model.Mount], ...] = ()
     """:attr:`mounts` stably sorted by the reference's mount order, with their sort keys."""
-    encoded_mounts: tuple[msgspec.Raw, ...] = ()
-    """The OCI entry of each of :attr:`ordered_mounts`, as ready JSON (same order)."""
+    ready: ReadyJson | None = None
+    """The plan's own OCI entries built and encoded once (see :func:`apply_plan`)."""
+
+
+@dataclass(frozen=True)
+class ReadyJson:
+    """An :class:`InjectionPlan`'s own OCI entries, built and encoded once per plan.
+
+    The bundle writer applies the same plan for every actor of a worker and encodes the
+    result at once; these let it insert ready JSON (``msgspec.Raw``, encoded verbatim)
+    instead of building and encoding the same objects again.
+    """
+
+    mount_keys: tuple[tuple[int, str], ...]
+    """The sort keys of :attr:`InjectionPlan.ordered_mounts`, in order (for ``bisect``)."""
+    mounts: tuple[msgspec.Raw, ...]
+    """The OCI entry of each of :attr:`InjectionPlan.ordered_mounts`."""
+    root_devices: tuple[msgspec.Raw, ...]
+    """The ``linux.devices`` entries for a process running as uid 0, gid 0."""
+    rules: tuple[tuple[oci_bodies.LinuxDeviceCgroup, msgspec.Raw], ...]
+    """Each distinct cgroup rule (first occurrence, in device order) and its JSON."""
+    hooks: tuple[tuple[oci_bodies.Hook, msgspec.Raw], ...]
+    """Each distinct hook entry (first occurrence, in order) and its JSON."""
+
+
+def _distinct(entries: Iterable[_Entry]) -> list[_Entry]:
+    distinct: list[_Entry] = []
+    for entry in entries:
+        if entry not in distinct:
+            distinct.append(entry)
+    return distinct
+
+
+def _ready_json(
+    ordered: tuple[tuple[tuple[int, str], model.Mount], ...],
+    devices: tuple[ResolvedDevice, ...],
+    hooks: tuple[model.Hook, ...],
+) -> ReadyJson:
+    def raw(entry: object) -> msgspec.Raw:
+        return msgspec.Raw(_ENCODER.encode(entry))
+
+    rules = _distinct(_cgroup_rule(d) for d in devices if d.type in CGROUP_TYPES)
+    hook_entries = _distinct(_hook_entry(h) for h in hooks)
+    return ReadyJson(
+        mount_keys=tuple(key for key, _ in ordered),
+        mounts=tuple(raw(_mount_entry(m)) for _, m in ordered),
+        root_devices=tuple(raw(_device_entry(d, 0, 0)) for d in devices),
+        rules=tuple((rule, raw(rule)) for rule in rules),
+        hooks=tuple((entry, raw(entry)) for entry in hook_entries),
+    )
 
 
 def env_key(entry: str) -> str:
@@ -150,7 +201,7 @@ def plan_injection(
         mounts=tuple(mounts),
         mount_destinations=frozenset(_clean(m.container_path) for m in mounts),
         ordered_mounts=ordered,
-        encoded_mounts=tuple(msgspec.Raw(_ENCODER.encode(_mount_entry(m))) for _, m in ordered),
+        ready=_ready_json(ordered, devices, tuple(kept)),
         env=tuple(e for e in edits.env if env_key(e) != _VISIBLE_DEVICES),
         driver_library_dir=driver_library_dir(edits, driver_root),
         hooks=tuple(kept),
@@ -325,10 +376,10 @@ def apply_plan(
 
     ``in_place=True`` edits ``config`` itself instead of a deep copy: for a caller that owns
     a freshly parsed config (the bundle writer), the copy is pure overhead on the hot path.
-    ``for_encoding=True`` (with ``in_place``) puts the plan's mounts in as the plan's ready
-    JSON (:attr:`InjectionPlan.encoded_mounts`, ``msgspec.Raw``): for a caller that encodes
-    the result at once with msgspec, which then writes the very same bytes, without
-    building fifty mount objects per actor to encode them again.
+    ``for_encoding=True`` (with ``in_place``) puts the plan's own entries in as the plan's
+    ready JSON (:class:`ReadyJson`, ``msgspec.Raw``): for a caller that encodes the result
+    at once with msgspec, which then writes the very same bytes, without building fifty
+    mount objects per actor to encode them again.
 
     Entries already present (same device path or mount destination: replaced; identical
     rule or hook: kept once) are not added twice. Raises
@@ -342,6 +393,7 @@ def apply_plan(
             f" injection does not grant ({', '.join(d.path for d in plan.devices)}); the bundle"
             " was injected before with other GPUs — re-create it from the image"
         )
+    ready = plan.ready if for_encoding else None
     if for_encoding and not in_place:
         raise ValueError("for_encoding=True edits the config in place: pass in_place=True")
     result = config if in_place else copy.deepcopy(config)
@@ -353,15 +405,22 @@ def apply_plan(
     devices = _list(linux, "devices", ".linux")
     replaced = {d.path for d in plan.devices}
     devices[:] = [d for d in devices if not (isinstance(d, dict) and d.get("path") in replaced)]
-    devices.extend(_device_entry(d, uid, gid) for d in plan.devices)
+    if ready is not None and uid == 0 and gid == 0:
+        devices.extend(ready.root_devices)
+    else:
+        devices.extend(_device_entry(d, uid, gid) for d in plan.devices)
 
     rules = _list(_child(linux, "resources", ".linux"), "devices", ".linux.resources")
-    for device in plan.devices:
-        if device.type not in CGROUP_TYPES:
-            continue
-        rule = _cgroup_rule(device)
-        if rule not in rules:
-            rules.append(rule)
+    if ready is not None:
+        # The plan's rules are distinct: only the config's own can hold one already.
+        rules.extend([encoded for rule, encoded in ready.rules if rule not in rules])
+    else:
+        for device in plan.devices:
+            if device.type not in CGROUP_TYPES:
+                continue
+            rule = _cgroup_rule(device)
+            if rule not in rules:
+                rules.append(rule)
 
     if plan.mounts:
         mounts = _list(raw, "mounts", "")
@@ -373,17 +432,20 @@ def apply_plan(
         ]
         # Equal to a stable sort of (kept config mounts + plan mounts) by _mount_order: the
         # plan's mounts are pre-sorted (stably) once per plan, so only the config's few are
-        # sorted here and the two runs merged, the config's first on a tie.
+        # sorted here and each put before the first plan mount not ordered before it.
         kept = sorted(((_mount_order(m), m) for m in mounts), key=lambda pair: pair[0])
+        ours_ready: Sequence[object] = (
+            ready.mounts if ready is not None else [_mount_entry(m) for _, m in plan.ordered_mounts]
+        )
+        keys = [key for key, _ in plan.ordered_mounts] if ready is None else ready.mount_keys
         merged: list[object] = []
-        position = 0
-        encoded = plan.encoded_mounts if for_encoding else ()
-        for index, (key, mount) in enumerate(plan.ordered_mounts):
-            while position < len(kept) and kept[position][0] <= key:
-                merged.append(kept[position][1])
-                position += 1
-            merged.append(encoded[index] if encoded else _mount_entry(mount))
-        merged.extend(m for _, m in kept[position:])
+        start = 0
+        for key, mount in kept:
+            end = bisect.bisect_left(keys, key, lo=start)
+            merged.extend(ours_ready[start:end])
+            merged.append(mount)
+            start = end
+        merged.extend(ours_ready[start:])
         mounts[:] = merged
 
     image_env = [str(e) for e in _list(process, "env", ".process")]
@@ -396,8 +458,11 @@ def apply_plan(
 
     if plan.hooks:
         hook_list = _list(_child(raw, "hooks", ""), hooks_.HOOK_POINT, ".hooks")
-        for hook in plan.hooks:
-            entry = _hook_entry(hook)
-            if entry not in hook_list:
-                hook_list.append(entry)
+        if ready is not None:
+            hook_list.extend([encoded for entry, encoded in ready.hooks if entry not in hook_list])
+        else:
+            for hook in plan.hooks:
+                entry = _hook_entry(hook)
+                if entry not in hook_list:
+                    hook_list.append(entry)
     return result

@@ -342,7 +342,12 @@ def main() -> None:
 
     import structlog
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    # Info lines filtered out, loggers cached on first use as the agent configures structlog
+    # (substrate_gpu.observability.logging): the bench times injection, not log output.
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        cache_logger_on_first_use=True,
+    )
     bases = args.base or [Path("/dev/shm"), Path(tempfile.gettempdir())]
     for base in bases:
         fs = subprocess.run(
