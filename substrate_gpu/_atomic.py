@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
-import secrets
 import stat
 from pathlib import Path
 
@@ -54,10 +54,16 @@ def write_atomically(
         os.close(dir_fd)
 
 
+#: Temp names: unique per process (pid) and call (counter); O_EXCL refuses any name that
+#: exists, a symlink included, so they need not be unpredictable (no getrandom per write).
+_counter = itertools.count()
+
+
 def _create_temp(directory: str, name: str) -> tuple[int, str]:
-    """A new, empty, private file next to ``name`` in ``directory`` (``.<name>.<random>.tmp``)."""
+    """A new, empty, private file next to ``name`` in ``directory``
+    (``.<name>.<pid>-<n>.tmp``)."""
     for _attempt in range(100):
-        tmp = f"{directory}/.{name}.{secrets.token_hex(6)}.tmp"
+        tmp = f"{directory}/.{name}.{os.getpid()}-{next(_counter)}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except FileExistsError:

@@ -117,6 +117,7 @@ class PlanCache:
         self._plan: oci.InjectionPlan | None = None
         self._hook_binaries: dict[Path, str] = {}
         self._resolved: _Resolution | None = None
+        self._hook_names: tuple[oci.InjectionPlan, tuple[str, ...], tuple[str, ...]] | None = None
 
     def hook_binary(self, toolkit_dir: Path) -> str:
         """:func:`hook_binary`, chosen once per worker like its spec (which nvidia-ctk of
@@ -156,6 +157,14 @@ class PlanCache:
         resolved = devices_.resolve_device_numbers(edits.device_nodes, dev_root=dev_root)
         self._resolved = _Resolution(edits, dev_root, fingerprint, resolved, watch, token)
         return resolved
+
+    def hook_names(self, plan: oci.InjectionPlan) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The subcommands of ``plan``'s kept hooks and the names of its skipped ones."""
+        last = self._hook_names
+        if last is None or last[0] is not plan:
+            kept = tuple(h.args[1] for h in plan.hooks)
+            last = self._hook_names = (plan, kept, tuple(d.name for d in plan.skipped_hooks))
+        return last[1], last[2]
 
     def plan(
         self,
@@ -286,8 +295,7 @@ def inject_gpu(
         driver_root=options.driver_root,
         hook_binary=plans.hook_binary(options.toolkit_dir),
     )
-    kept = tuple(h.args[1] for h in plan.hooks)
-    skipped = tuple(d.name for d in plan.skipped_hooks)
+    kept, skipped = plans.hook_names(plan)
     if oci.already_injected(config, plan):
         bound.info("gpu_injection_skipped", reason="bundle already holds the GPU devices")
         return InjectionReport(

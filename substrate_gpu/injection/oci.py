@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import operator
 import posixpath
 import re
 from dataclasses import dataclass
@@ -56,6 +57,8 @@ OciConfig = oci_bodies.Config
 _ENCODER = msgspec.json.Encoder()
 
 _Entry = TypeVar("_Entry")
+
+_first = operator.itemgetter(0)
 
 _VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 _LD_LIBRARY_PATH = "LD_LIBRARY_PATH"
@@ -93,6 +96,8 @@ class InjectionPlan:
     """The cleaned destinations of :attr:`mounts` (a config mount there is replaced)."""
     ordered_mounts: tuple[tuple[tuple[int, str], model.Mount], ...] = ()
     """:attr:`mounts` stably sorted by the reference's mount order, with their sort keys."""
+    device_paths: frozenset[str] = frozenset()
+    """The container paths of :attr:`devices`."""
     ready: ReadyJson | None = None
     """The plan's own OCI entries built and encoded once (see :func:`apply_plan`)."""
 
@@ -201,6 +206,7 @@ def plan_injection(
         mounts=tuple(mounts),
         mount_destinations=frozenset(_clean(m.container_path) for m in mounts),
         ordered_mounts=ordered,
+        device_paths=frozenset(d.path for d in devices),
         ready=_ready_json(ordered, devices, tuple(kept)),
         env=tuple(e for e in edits.env if env_key(e) != _VISIBLE_DEVICES),
         driver_library_dir=driver_library_dir(edits, driver_root),
@@ -250,7 +256,7 @@ def already_injected(config: OciConfig, plan: InjectionPlan) -> bool:
     The node agent re-unpacks bundles before each run/restore, but that invariant lives
     elsewhere; this guard keeps a second injection from doubling anything.
     """
-    return bool(plan.devices) and {d.path for d in plan.devices} <= _existing_device_paths(config)
+    return bool(plan.devices) and plan.device_paths <= _existing_device_paths(config)
 
 
 def is_sandbox_container(config: OciConfig) -> bool:
@@ -277,6 +283,21 @@ def merge_env(image_env: Iterable[str], plan: InjectionPlan) -> list[str]:
     if plan.driver_library_dir is not None:
         env = _merge_ld_library_path(env, plan.driver_library_dir)
     return env
+
+
+_last_env: tuple[tuple[str, ...], InjectionPlan, tuple[str, ...]] | None = None
+
+
+def _merged_env(image_env: tuple[str, ...], plan: InjectionPlan) -> list[str]:
+    """:func:`merge_env`, remembered for the last image env and plan (every actor of a
+    worker's image has the same env)."""
+    global _last_env  # noqa: PLW0603  (a one-entry memo of a pure function)
+    last = _last_env
+    if last is not None and last[1] is plan and last[0] == image_env:
+        return list(last[2])
+    merged = merge_env(image_env, plan)
+    _last_env = (image_env, plan, tuple(merged))
+    return merged
 
 
 #: Device types that get a cgroup rule (the reference: block and char only).
@@ -317,7 +338,7 @@ def _cgroup_rule(device: ResolvedDevice) -> oci_bodies.LinuxDeviceCgroup:
 
 def foreign_gpu_nodes(config: OciConfig, plan: InjectionPlan) -> list[str]:
     """GPU nodes the bundle already holds that ``plan`` does not grant, sorted."""
-    granted = {d.path for d in plan.devices}
+    granted = plan.device_paths
     return sorted(
         p for p in _existing_device_paths(config) if _GPU_NODE.fullmatch(p) and p not in granted
     )
@@ -351,11 +372,6 @@ def _clean(path: str) -> str:
 def _order_key(destination: str) -> tuple[int, str]:
     # The reference's orderedMounts: separators in the cleaned destination, then the name.
     return _clean(destination).count("/"), destination
-
-
-def _mount_order(mount: object) -> tuple[int, str]:
-    destination = mount.get("destination") if isinstance(mount, dict) else None
-    return _order_key(str(destination or ""))
 
 
 def _process_ids(process: dict[str, object]) -> tuple[int, int]:
@@ -403,7 +419,7 @@ def apply_plan(
     uid, gid = _process_ids(process)
     linux = _child(raw, "linux", "")
     devices = _list(linux, "devices", ".linux")
-    replaced = {d.path for d in plan.devices}
+    replaced = plan.device_paths
     devices[:] = [d for d in devices if not (isinstance(d, dict) and d.get("path") in replaced)]
     if ready is not None and uid == 0 and gid == 0:
         devices.extend(ready.root_devices)
@@ -425,15 +441,17 @@ def apply_plan(
     if plan.mounts:
         mounts = _list(raw, "mounts", "")
         ours = plan.mount_destinations
-        mounts[:] = [
-            m
-            for m in mounts
-            if not (isinstance(m, dict) and _clean(str(m.get("destination") or "")) in ours)
-        ]
-        # Equal to a stable sort of (kept config mounts + plan mounts) by _mount_order: the
+        # Equal to a stable sort of (kept config mounts + plan mounts) by _order_key: the
         # plan's mounts are pre-sorted (stably) once per plan, so only the config's few are
         # sorted here and each put before the first plan mount not ordered before it.
-        kept = sorted(((_mount_order(m), m) for m in mounts), key=lambda pair: pair[0])
+        kept: list[tuple[tuple[int, str], object]] = []
+        for m in mounts:
+            destination = str(m.get("destination") or "") if isinstance(m, dict) else ""
+            clean = _clean(destination)
+            if clean in ours and isinstance(m, dict):
+                continue  # replaced by the plan's mount at the same destination
+            kept.append(((clean.count("/"), destination), m))
+        kept.sort(key=_first)
         ours_ready: Sequence[object] = (
             ready.mounts if ready is not None else [_mount_entry(m) for _, m in plan.ordered_mounts]
         )
@@ -448,8 +466,8 @@ def apply_plan(
         merged.extend(ours_ready[start:])
         mounts[:] = merged
 
-    image_env = [str(e) for e in _list(process, "env", ".process")]
-    process["env"] = merge_env(image_env, plan)
+    image_env = tuple(str(e) for e in _list(process, "env", ".process"))
+    process["env"] = _merged_env(image_env, plan)
 
     if plan.additional_gids:
         user = _child(process, "user", ".process")

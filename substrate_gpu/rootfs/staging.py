@@ -29,6 +29,7 @@ writer) are a thin shell around it. Rules, in order:
 from __future__ import annotations
 
 import enum
+import functools
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -379,6 +380,19 @@ _Written = confined.LinkOutcome | str
 _CREATED = confined.LinkOutcome.CREATED
 
 
+@functools.lru_cache(maxsize=1024)
+def _skip_event(entry: SkippedLibrary) -> tuple[bool, dict[str, str]]:
+    """Whether a skipped library is a warning, and its log fields (the same skipped
+    entries recur for every actor of a worker: built once)."""
+    fields = {
+        "library": str(entry.library),
+        "destination": entry.destination,
+        "reason": entry.reason.value,
+        "detail": entry.detail,
+    }
+    return entry.reason in WARNING_REASONS, fields
+
+
 def _open_directory(
     rootfs: Path, root_fd: int, directory: str, opened: dict[str, int], new: set[str]
 ) -> int:
@@ -510,14 +524,8 @@ def stage_soname_links(
             )
 
     for entry in skipped:
-        emit = logger.warning if entry.reason in WARNING_REASONS else logger.debug
-        emit(
-            "soname_link_skipped",
-            library=str(entry.library),
-            destination=entry.destination,
-            reason=entry.reason.value,
-            detail=entry.detail,
-        )
+        warning, fields = _skip_event(entry)
+        (logger.warning if warning else logger.debug)("soname_link_skipped", **fields)
     logger.debug(
         "soname_links_staged",
         created=len(created),

@@ -244,8 +244,9 @@ def floor_injection(bundle: Path, config: bytes, links: list[tuple[str, str]]) -
 
 
 def floor_with_reads(bundle: Path, links: list[tuple[str, str]], stats: list[str]) -> None:
-    """The floor plus the reads no correct injection can skip: config.json read, decoded and
-    re-encoded (the bytes written), and a stat of every device node and library."""
+    """The floor plus the reads of a stat-based check: config.json read, decoded and
+    re-encoded (the bytes written), and a stat of every device node and library (the warm
+    path replaces the stats by the host watch's poll while nothing changed)."""
     data = msgspec.json.encode(msgspec.json.decode((bundle / "config.json").read_bytes()))
     for path in stats:
         os.stat(path)
