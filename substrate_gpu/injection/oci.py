@@ -338,10 +338,11 @@ def _cgroup_rule(device: ResolvedDevice) -> oci_bodies.LinuxDeviceCgroup:
 
 def foreign_gpu_nodes(config: OciConfig, plan: InjectionPlan) -> list[str]:
     """GPU nodes the bundle already holds that ``plan`` does not grant, sorted."""
+    existing = _existing_device_paths(config)
+    if not existing:
+        return []  # the usual fresh bundle
     granted = plan.device_paths
-    return sorted(
-        p for p in _existing_device_paths(config) if _GPU_NODE.fullmatch(p) and p not in granted
-    )
+    return sorted(p for p in existing if _GPU_NODE.fullmatch(p) and p not in granted)
 
 
 def _mount_entry(mount: model.Mount) -> oci_bodies.Mount:

@@ -29,7 +29,6 @@ writer) are a thin shell around it. Rules, in order:
 from __future__ import annotations
 
 import enum
-import functools
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -313,6 +312,8 @@ class _LinkPlan:
     staged: tuple[StagedLink, ...]
     """Each planned link's :class:`StagedLink` (immutable: shared between reports)."""
     groups: tuple[_Group, ...]
+    skip_events: tuple[tuple[bool, dict[str, str]], ...]
+    """:func:`_skip_event` of each of :attr:`skipped`."""
 
 
 class _PlanMemo:
@@ -358,6 +359,7 @@ class _PlanMemo:
             skipped=tuple(skipped),
             staged=tuple(StagedLink(p.library, p.link, p.target) for p in planned),
             groups=_groups(planned),
+            skip_events=tuple(_skip_event(entry) for entry in skipped),
         )
         return plan
 
@@ -380,10 +382,9 @@ _Written = confined.LinkOutcome | str
 _CREATED = confined.LinkOutcome.CREATED
 
 
-@functools.lru_cache(maxsize=1024)
 def _skip_event(entry: SkippedLibrary) -> tuple[bool, dict[str, str]]:
-    """Whether a skipped library is a warning, and its log fields (the same skipped
-    entries recur for every actor of a worker: built once)."""
+    """Whether a skipped library is a warning, and its log fields (built once per link
+    plan for the plan's own skipped libraries: they recur for every actor of a worker)."""
     fields = {
         "library": str(entry.library),
         "destination": entry.destination,
@@ -523,8 +524,8 @@ def stage_soname_links(
                 )
             )
 
-    for entry in skipped:
-        warning, fields = _skip_event(entry)
+    # The plan's own skipped libraries, then those the writes added.
+    for warning, fields in (*plan.skip_events, *map(_skip_event, skipped[len(plan.skipped) :])):
         (logger.warning if warning else logger.debug)("soname_link_skipped", **fields)
     logger.debug(
         "soname_links_staged",
