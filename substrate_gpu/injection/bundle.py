@@ -135,26 +135,25 @@ class PlanCache:
         numbers: all the resolution reads)."""
         watch = host_watch.shared() if self._watch == "shared" else self._watch
         last = self._resolved
-        if last is not None and last.edits is edits and last.dev_root == dev_root:
-            if (
-                last.token is not None
-                and watch is not None
-                and last.watch is watch
-                and watch.unchanged(last.token)
-            ):
-                return last.resolved
-            if last.token is None:
-                seen = devices_.host_fingerprint(edits.device_nodes, dev_root=dev_root)
-                if seen == last.fingerprint:
-                    return last.resolved
+        same = last is not None and last.edits is edits and last.dev_root == dev_root
+        if (
+            same
+            and last is not None
+            and last.token is not None
+            and watch is not None
+            and last.watch is watch
+            and watch.unchanged(last.token)
+        ):
+            return last.resolved
+        # Watch the nodes from the second resolution on (a later actor): the first actor
+        # of a worker pays no watch it may never use. Armed before the stats below.
         paths = devices_.host_paths(edits.device_nodes, dev_root=dev_root)
-        token = None if watch is None else watch.arm(paths)
-        fingerprint = (
-            devices_.host_fingerprint(edits.device_nodes, dev_root=dev_root)
-            if token is None
-            else ()
-        )
-        resolved = devices_.resolve_device_numbers(edits.device_nodes, dev_root=dev_root)
+        token = watch.arm(paths) if same and watch is not None else None
+        fingerprint = devices_.host_fingerprint(edits.device_nodes, dev_root=dev_root)
+        if same and last is not None and fingerprint == last.fingerprint:
+            resolved = last.resolved
+        else:
+            resolved = devices_.resolve_device_numbers(edits.device_nodes, dev_root=dev_root)
         self._resolved = _Resolution(edits, dev_root, fingerprint, resolved, watch, token)
         return resolved
 

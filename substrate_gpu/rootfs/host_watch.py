@@ -125,6 +125,16 @@ class _Libc:
         return ctypes.c_long.from_buffer(buffer).value & 0xFFFFFFFF  # f_type comes first
 
 
+def _plain_name(name: str) -> bool:
+    """Whether a path's last component is a plain name (not empty, ``.`` or ``..``)."""
+    return name not in ("", ".", "..")
+
+
+def _local(libc: _Libc, path: str) -> bool:
+    """Whether ``path`` lies on a file system whose every change passes through this kernel."""
+    return libc.file_system_type(os.fsencode(path)) in LOCAL_FILE_SYSTEMS
+
+
 class HostWatch:
     """Change detection for sets of host files; see the module docstring. Thread-safe."""
 
@@ -163,14 +173,17 @@ class HostWatch:
             token = self._generation
             libc = self._libc
             assert libc is not None  # set by _ensure_open
+            parents = {path.rpartition("/")[0] or "/" for path in paths}
             directories: set[str] = set()
-            for path in paths:
-                if not path.startswith("/") or os.path.normpath(path) != path:
+            for parent in parents:
+                if not parent.startswith("/") or os.path.normpath(parent) != parent:
                     return None
-                parent = path
-                while parent != "/":
-                    parent = parent.rpartition("/")[0] or "/"
-                    directories.add(parent)
+                ancestor = parent
+                while ancestor not in directories:
+                    directories.add(ancestor)
+                    ancestor = ancestor.rpartition("/")[0] or "/"
+            if any(not _plain_name(path.rpartition("/")[2]) for path in paths):
+                return None
             # Top-down, then the files: a change anywhere after its watch exists is seen.
             for directory in sorted(directories, key=len):
                 if not self._watch(directory, DIRECTORY_MASK | _DIRECTORY_ONLY):
@@ -178,15 +191,24 @@ class HostWatch:
             for path in paths:
                 if not self._watch(path, FILE_MASK | _IN_DONT_FOLLOW):
                     return None
-            # Now that every name is watched: refuse symlinks and remote file systems.
-            for checked in (*directories, *paths):
-                try:
-                    if stat.S_ISLNK(os.lstat(checked).st_mode):
+            # Now that every name is watched: refuse symlinks and remote file systems (a
+            # file on its directory's device is on its file system: one statfs a directory).
+            devices: dict[str, int] = {}
+            try:
+                for directory in sorted(directories, key=len):
+                    st = os.lstat(directory)
+                    if stat.S_ISLNK(st.st_mode) or not _local(libc, directory):
                         return None
-                except OSError:
-                    return None
-                if libc.file_system_type(os.fsencode(checked)) not in LOCAL_FILE_SYSTEMS:
-                    return None
+                    devices[directory] = st.st_dev
+                for path in paths:
+                    st = os.lstat(path)
+                    if stat.S_ISLNK(st.st_mode):
+                        return None
+                    parent = path.rpartition("/")[0] or "/"
+                    if st.st_dev != devices[parent] and not _local(libc, path):
+                        return None
+            except OSError:
+                return None
             if len(self._watched) > MAX_WATCHES:
                 self._close()
                 return None

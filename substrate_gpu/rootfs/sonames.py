@@ -357,6 +357,7 @@ class SonameCache:
         self._lock = threading.Lock()
         self._hits = 0
         self._misses = 0
+        self._stated: list[Path] | None = None  # the last batch stat-ed
         # The last batch whose files the watch covers: (paths, results, watch, token).
         self._watched: tuple[list[Path], list[SonameResult], host_watch.HostWatch, int] | None = (
             None
@@ -376,10 +377,11 @@ class SonameCache:
         walks the directory's path once, not once per library); the result is the same
         ``stat`` of the same file, symlinks followed.
 
-        The same batch again costs no ``stat`` while the host watch says none of its files,
-        their directories or the mounts changed since the batch was last stat-ed (the watch
-        is armed before those stats). A batch with a failed ``stat``, ``open`` or read is
-        never trusted that way: such failures may pass.
+        The same batch again (from its third lookup on: the second arms the watch) costs no
+        ``stat`` while the host watch says none of its files, their directories or the
+        mounts changed since the batch was last stat-ed (the watch is armed before those
+        stats). A batch with a failed ``stat``, ``open`` or read is never trusted that way:
+        such failures may pass.
         """
         watch = host_watch.shared() if self._watch == "shared" else self._watch
         last = self._watched
@@ -392,8 +394,12 @@ class SonameCache:
             with self._lock:
                 self._hits += len(paths)
             return list(last[1])
-        token = None if watch is None else watch.arm([os.fspath(p) for p in paths])
+        # Watch a batch from its second lookup on (a later actor): the first actor of a
+        # worker pays no watch it may never use. Armed before the stats below.
+        repeated = self._stated == paths
+        token = watch.arm([os.fspath(p) for p in paths]) if repeated and watch else None
         results, trusted = self._lookup_many(paths)
+        self._stated = list(paths)
         if watch is not None and token is not None and trusted:
             self._watched = (list(paths), results, watch, token)
         return list(results)

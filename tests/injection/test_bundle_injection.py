@@ -209,10 +209,11 @@ def test_a_reused_plan_follows_a_chmod_of_a_host_node(
 def test_a_watched_resolution_is_reused_without_a_stat(
     gpu_node, node_edits, options, require_root, monkeypatch
 ):
-    """While the host watch vouches for the nodes, a later actor's resolution stats nothing."""
+    """From the third actor on (the second arms the watch), a resolution stats nothing."""
     plans = bundle_.PlanCache(watch=HostWatch())
     edits = left_to_the_host(node_edits)
     first = plans.resolve(edits, options.dev_root)
+    assert plans.resolve(edits, options.dev_root) is first
     calls = []
     real_stat = os.stat
     monkeypatch.setattr(os, "stat", lambda *a, **k: calls.append(a) or real_stat(*a, **k))

@@ -219,16 +219,28 @@ def batch(tmp_path: Path) -> list[Path]:
     ]
 
 
-def test_a_watched_batch_is_answered_without_a_stat(
+def test_a_repeated_batch_is_answered_without_a_stat(
     batch: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Once stat-ed under the host watch, the same batch costs no stat until a change."""
+    """A batch seen again is stat-ed under the host watch, then costs no stat until a change."""
     cache = SonameCache(watch=HostWatch())
     first = cache.lookup_many(batch)
+    cache.lookup_many(batch)
     stats = CountingStat(monkeypatch)
     assert cache.lookup_many(batch) == first == [SonameFound("liba.so.1"), SonameFound("libb.so.1")]
     assert stats.calls == 0
-    assert cache.stats.hits == 2
+    assert cache.stats.hits == 4
+
+
+def test_a_batch_seen_once_is_not_watched(
+    batch: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first actor of a worker pays no watch: its batch is stat-ed again next time."""
+    cache = SonameCache(watch=HostWatch())
+    cache.lookup_many(batch)
+    stats = CountingStat(monkeypatch)
+    cache.lookup_many(batch)
+    assert stats.calls == 2
 
 
 def test_without_a_watch_every_batch_is_stat_ed(
@@ -236,6 +248,7 @@ def test_without_a_watch_every_batch_is_stat_ed(
 ) -> None:
     """watch=None keeps the one-stat-per-library behaviour."""
     cache = SonameCache(watch=None)
+    cache.lookup_many(batch)
     cache.lookup_many(batch)
     stats = CountingStat(monkeypatch)
     cache.lookup_many(batch)
@@ -286,6 +299,7 @@ def test_a_removed_library_under_a_watched_batch_is_noticed(batch: list[Path]) -
     """A library deleted after the batch was vouched for becomes unreadable."""
     cache = SonameCache(watch=HostWatch())
     cache.lookup_many(batch)
+    cache.lookup_many(batch)
     batch[1].unlink()
     result = cache.lookup_many(batch)[1]
     assert isinstance(result, SonameUnreadable)
@@ -293,14 +307,15 @@ def test_a_removed_library_under_a_watched_batch_is_noticed(batch: list[Path]) -
 
 
 def test_a_batch_with_a_passing_failure_is_never_vouched_for(batch: list[Path]) -> None:
-    """An open that failed once is retried on the next batch, watch or not."""
-    failures = [PermissionError(13, "Permission denied")]
+    """An open that failed under the watch is retried on the next batch."""
+    failures = [PermissionError(13, "Permission denied")] * 2
 
     def flaky(path: Path) -> BinaryIO:
-        if failures:
+        if path == batch[0] and failures:
             raise failures.pop()
         return open_for_reading(path)
 
     cache = SonameCache(opener=flaky, watch=HostWatch())
     assert isinstance(cache.lookup_many(batch)[0], SonameUnreadable)
+    assert isinstance(cache.lookup_many(batch)[0], SonameUnreadable)  # armed, not trusted
     assert cache.lookup_many(batch)[0] == SonameFound("liba.so.1")
