@@ -280,6 +280,13 @@ class HostWatch:
         with self._lock:
             self._close()
 
+    def __del__(self) -> None:
+        # The inotify instance counts against the user's 128 until its descriptor closes.
+        for fd in (self._fd, self._mounts_fd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
 
 _shared: HostWatch | None = None
 _shared_lock = threading.Lock()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,9 +14,11 @@ from substrate_gpu.rootfs.host_watch import HostWatch
 
 
 @pytest.fixture
-def watch() -> HostWatch:
-    """A private watch (not the process's shared one)."""
-    return HostWatch()
+def watch() -> Iterator[HostWatch]:
+    """A private watch (not the process's shared one), closed after the test."""
+    private = HostWatch()
+    yield private
+    private.close()
 
 
 @pytest.fixture
@@ -163,6 +165,20 @@ def test_without_inotify_nothing_is_vouched_for(
     assert watch.arm([str(files[0])]) is None
 
 
+def test_a_dropped_watch_gives_its_inotify_instance_back(files: list[Path]) -> None:
+    """Instances are few (128 per user, node-wide): a watch nobody holds closes its own."""
+    dropped = HostWatch()
+    armed(dropped, files)
+    fd = dropped._fd
+    assert os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
+    del dropped
+    try:
+        left = os.readlink(f"/proc/self/fd/{fd}")
+    except FileNotFoundError:
+        left = None  # closed, and not reused yet
+    assert left != "anon_inode:inotify"
+
+
 def test_a_closed_watch_voids_its_tokens(watch: HostWatch, files: list[Path]) -> None:
     """After close, no earlier token holds (the watches are gone)."""
     token = armed(watch, files)
@@ -175,6 +191,7 @@ def test_tokens_of_one_watch_never_hold_for_another(files: list[Path]) -> None:
     first, second = HostWatch(), HostWatch()
     token = armed(first, files)
     assert not second.unchanged(token)
+    first.close()
 
 
 def test_a_forked_child_gets_its_own_shared_watch() -> None:
