@@ -112,9 +112,10 @@ class PlanCache:
         self, *, watch: host_watch.HostWatch | Literal["shared"] | None = "shared"
     ) -> None:
         self._watch = watch
-        self._key: tuple[object, ...] | None = None
-        self._edits: model.ContainerEdits | None = None
-        self._plan: oci.InjectionPlan | None = None
+        # (edits, key, plan), replaced as one object: the agent injects from several threads.
+        self._planned: tuple[model.ContainerEdits, tuple[object, ...], oci.InjectionPlan] | None = (
+            None
+        )
         self._hook_binaries: dict[Path, str] = {}
         self._resolved: _Resolution | None = None
         self._hook_names: tuple[oci.InjectionPlan, tuple[str, ...], tuple[str, ...]] | None = None
@@ -175,12 +176,12 @@ class PlanCache:
     ) -> oci.InjectionPlan:
         """The plan for these inputs, computed only when they changed."""
         key = (resolved, driver_root, hook_binary)
-        if self._plan is None or self._edits is not edits or self._key != key:
-            self._plan = oci.plan_injection(
-                edits, resolved, driver_root=driver_root, hook_binary=hook_binary
-            )
-            self._edits, self._key = edits, key
-        return self._plan
+        last = self._planned
+        if last is not None and last[0] is edits and last[1] == key:
+            return last[2]
+        plan = oci.plan_injection(edits, resolved, driver_root=driver_root, hook_binary=hook_binary)
+        self._planned = (edits, key, plan)
+        return plan
 
 
 def hook_binary(toolkit_dir: Path) -> str:

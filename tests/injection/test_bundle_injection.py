@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from support.gpu_nodes import injection_options
 from substrate_gpu import exceptions
 from substrate_gpu.cdi import model
 from substrate_gpu.injection import bundle as bundle_
+from substrate_gpu.injection import oci
+from substrate_gpu.injection.devices import ResolvedDevice
 from substrate_gpu.rootfs import SonameCache
 from substrate_gpu.rootfs.host_watch import HostWatch
 from substrate_gpu.testing import bundles
@@ -219,3 +222,41 @@ def test_a_watched_resolution_is_reused_without_a_stat(
     monkeypatch.setattr(os, "stat", lambda *a, **k: calls.append(a) or real_stat(*a, **k))
     assert plans.resolve(edits, options.dev_root) is first
     assert calls == []
+
+
+def test_a_plan_is_never_handed_out_for_other_edits(monkeypatch):
+    """Another thread asking for another device set in the middle of planning (simulated at
+    every line of ``PlanCache.plan`` once the new plan exists) gets its own plan, and so does
+    the first caller: the cache is replaced as one object."""
+    gpu1 = model.ContainerEdits(device_nodes=(model.DeviceNode("/dev/nvidia1"),))
+    gpu2 = model.ContainerEdits(device_nodes=(model.DeviceNode("/dev/nvidia2"),))
+    one = (ResolvedDevice("/dev/nvidia1", "/dev/nvidia1", "c", 195, 1, "rwm", 0o666),)
+    two = (ResolvedDevice("/dev/nvidia2", "/dev/nvidia2", "c", 195, 2, "rwm", 0o666),)
+    plans = bundle_.PlanCache(watch=None)
+
+    def plan_for(edits, resolved):
+        return plans.plan(edits, resolved, driver_root="/usr", hook_binary="/hook").devices
+
+    assert plan_for(gpu2, two) == two
+    planned, inside, others = [], [], []
+    real = oci.plan_injection
+    monkeypatch.setattr(oci, "plan_injection", lambda *a, **k: planned.append(1) or real(*a, **k))
+
+    def in_plan(frame, event, arg):
+        if event == "line" and planned and not inside:
+            inside.append(1)
+            others.append(plan_for(gpu2, two))
+            inside.clear()
+        return in_plan
+
+    def tracer(frame, event, arg):
+        return in_plan if frame.f_code is bundle_.PlanCache.plan.__code__ else None
+
+    sys.settrace(tracer)
+    try:
+        mine = plan_for(gpu1, one)
+    finally:
+        sys.settrace(None)
+    assert mine == one
+    assert others
+    assert all(devices == two for devices in others)
