@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Literal, TypeVar, cast
 
 import msgspec
 import structlog
@@ -81,6 +82,7 @@ class InjectionReport:
 
 
 _Devices = tuple[devices_.ResolvedDevice, ...]
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True)
@@ -96,14 +98,20 @@ class _Resolution:
     """The watch's token, armed before the stats (``None``: the nodes are not watched)."""
 
 
+#: Device sets a :class:`PlanCache` remembers (a worker's actors each hold their own GPUs).
+PLAN_CACHE_SIZE = 64
+
+
 class PlanCache:
-    """Remembers the last injection plan, so later actors on a worker skip re-planning.
+    """Remembers injection plans, so later actors on a worker skip re-planning.
 
     The plan is a pure function of the edits, the resolved devices, the driver root and the
     hook binary. The edits are compared by identity (the worker's parsed spec is shared and
-    immutable), the rest by value. The resolution of the device nodes is reused while the
-    host watch says none of the host nodes changed since they were last stat-ed, or, where
-    the nodes cannot be watched, while they stat the same.
+    immutable; the agent keeps one edits object per requested device set), the rest by
+    value; the last :data:`PLAN_CACHE_SIZE` device sets are kept. The resolution of the
+    device nodes is reused while the host watch says none of the host nodes changed since
+    they were last stat-ed, or, where the nodes cannot be watched, while they stat the same.
+    Safe to share between threads: each entry is replaced as one object.
 
     ``watch``: as for :class:`~substrate_gpu.rootfs.sonames.SonameCache`.
     """
@@ -112,13 +120,21 @@ class PlanCache:
         self, *, watch: host_watch.HostWatch | Literal["shared"] | None = "shared"
     ) -> None:
         self._watch = watch
-        # (edits, key, plan), replaced as one object: the agent injects from several threads.
-        self._planned: tuple[model.ContainerEdits, tuple[object, ...], oci.InjectionPlan] | None = (
-            None
-        )
+        self._lock = threading.Lock()
+        # By id() of the edits (each entry holds its edits, so the id stays theirs):
+        # (edits, key, plan) and the device resolution.
+        self._plans: dict[
+            int, tuple[model.ContainerEdits, tuple[object, ...], oci.InjectionPlan]
+        ] = {}
+        self._resolutions: dict[int, _Resolution] = {}
+        self._hook_names: dict[int, tuple[oci.InjectionPlan, tuple[str, ...], tuple[str, ...]]] = {}
         self._hook_binaries: dict[Path, str] = {}
-        self._resolved: _Resolution | None = None
-        self._hook_names: tuple[oci.InjectionPlan, tuple[str, ...], tuple[str, ...]] | None = None
+
+    def _remember(self, entries: dict[int, _V], key: int, value: _V) -> None:
+        with self._lock:
+            if key not in entries and len(entries) >= PLAN_CACHE_SIZE:
+                del entries[next(iter(entries))]  # the oldest device set
+            entries[key] = value
 
     def hook_binary(self, toolkit_dir: Path) -> str:
         """:func:`hook_binary`, chosen once per worker like its spec (which nvidia-ctk of
@@ -135,7 +151,7 @@ class PlanCache:
         watch vouches for the host nodes, else while every node stat-s the same (type and
         numbers: all the resolution reads)."""
         watch = host_watch.shared() if self._watch == "shared" else self._watch
-        last = self._resolved
+        last = self._resolutions.get(id(edits))
         same = last is not None and last.edits is edits and last.dev_root == dev_root
         if (
             same
@@ -155,15 +171,20 @@ class PlanCache:
             resolved = last.resolved
         else:
             resolved = devices_.resolve_device_numbers(edits.device_nodes, dev_root=dev_root)
-        self._resolved = _Resolution(edits, dev_root, fingerprint, resolved, watch, token)
+        self._remember(
+            self._resolutions,
+            id(edits),
+            _Resolution(edits, dev_root, fingerprint, resolved, watch, token),
+        )
         return resolved
 
     def hook_names(self, plan: oci.InjectionPlan) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The subcommands of ``plan``'s kept hooks and the names of its skipped ones."""
-        last = self._hook_names
+        last = self._hook_names.get(id(plan))
         if last is None or last[0] is not plan:
             kept = tuple(h.args[1] for h in plan.hooks)
-            last = self._hook_names = (plan, kept, tuple(d.name for d in plan.skipped_hooks))
+            last = (plan, kept, tuple(d.name for d in plan.skipped_hooks))
+            self._remember(self._hook_names, id(plan), last)
         return last[1], last[2]
 
     def plan(
@@ -176,11 +197,11 @@ class PlanCache:
     ) -> oci.InjectionPlan:
         """The plan for these inputs, computed only when they changed."""
         key = (resolved, driver_root, hook_binary)
-        last = self._planned
+        last = self._plans.get(id(edits))
         if last is not None and last[0] is edits and last[1] == key:
             return last[2]
         plan = oci.plan_injection(edits, resolved, driver_root=driver_root, hook_binary=hook_binary)
-        self._planned = (edits, key, plan)
+        self._remember(self._plans, id(edits), (edits, key, plan))
         return plan
 
 

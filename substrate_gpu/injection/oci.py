@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import functools
 import operator
 import posixpath
 import re
@@ -173,6 +174,13 @@ def driver_library_dir(edits: model.ContainerEdits, driver_root: str) -> str | N
     return None
 
 
+@functools.lru_cache(maxsize=4096)
+def _host_path(path: str) -> Path:
+    """One ``Path`` object per host file, shared by every plan: later stages compare the
+    plans' libraries by identity first (a worker's device sets share their libraries)."""
+    return Path(path)
+
+
 def plan_injection(
     edits: model.ContainerEdits,
     devices: tuple[ResolvedDevice, ...],
@@ -198,7 +206,7 @@ def plan_injection(
     ordered = tuple(sorted(((_order_key(m.container_path), m) for m in mounts), key=lambda p: p[0]))
     return InjectionPlan(
         libraries=tuple(
-            (Path(m.host_path), m.container_path)
+            (_host_path(m.host_path), m.container_path)
             for m in mounts
             if ".so." in posixpath.basename(m.container_path)
         ),

@@ -273,7 +273,7 @@ class _Batch:
     """The libraries of one staging, deduplicated, with the ones whose SONAME is read."""
 
     libraries: object
-    """The caller's collection (the plan's tuple on the warm path: compared by identity)."""
+    """The caller's collection (the plan's tuple on the warm path)."""
     unique: tuple[tuple[Path, str], ...]
     """(host file, destination), the same mount twice being one mount."""
     versioned: tuple[bool, ...]
@@ -332,9 +332,15 @@ class _PlanMemo:
         self._last: _LinkPlan | None = None
 
     def batch(self, libraries: Iterable[tuple[Path, str]]) -> _Batch:
-        """The batch of ``libraries``, reused when they are the very same tuple."""
+        """The batch of ``libraries``, reused while they are an equal tuple (the plans of a
+        worker's device sets hold the same library objects: compared by identity first)."""
         last = self._batch
-        if last is not None and last.libraries is libraries and isinstance(libraries, tuple):
+        if (
+            last is not None
+            and isinstance(libraries, tuple)
+            and isinstance(last.libraries, tuple)
+            and last.libraries == libraries
+        ):
             return last
         batch = self._batch = _batch(libraries)
         return batch

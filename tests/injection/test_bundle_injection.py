@@ -260,3 +260,37 @@ def test_a_plan_is_never_handed_out_for_other_edits(monkeypatch):
     assert mine == one
     assert others
     assert all(devices == two for devices in others)
+
+
+def _gpu_edits(index: int) -> tuple[model.ContainerEdits, tuple[ResolvedDevice, ...]]:
+    node = f"/dev/nvidia{index}"
+    edits = model.ContainerEdits(
+        device_nodes=(model.DeviceNode(node),),
+        mounts=(model.Mount("/lib64/libcuda.so.1.2", "/usr/lib64/libcuda.so.1.2", None, ()),),
+    )
+    return edits, (ResolvedDevice(node, node, "c", 195, index, "rwm", 0o666),)
+
+
+def test_each_device_set_of_a_worker_keeps_its_plan(monkeypatch):
+    """Actors holding different GPUs alternate: each device set is planned once."""
+    plans = bundle_.PlanCache(watch=None)
+    calls = []
+    real = oci.plan_injection
+    monkeypatch.setattr(oci, "plan_injection", lambda *a, **k: calls.append(1) or real(*a, **k))
+    sets = [_gpu_edits(1), _gpu_edits(2)]
+    first = [plans.plan(e, r, driver_root="/usr", hook_binary="/hook") for e, r in sets]
+    again = [plans.plan(e, r, driver_root="/usr", hook_binary="/hook") for e, r in sets]
+    assert [p.devices for p in again] == [r for _, r in sets]
+    assert all(a is b for a, b in zip(first, again, strict=True))
+    assert len(calls) == 2
+    assert first[0].libraries[0][0] is first[1].libraries[0][0]  # one Path per host file
+
+
+def test_the_oldest_device_set_is_forgotten_first(monkeypatch):
+    """The cache holds PLAN_CACHE_SIZE device sets; one more evicts the oldest."""
+    monkeypatch.setattr(bundle_, "PLAN_CACHE_SIZE", 2)
+    plans = bundle_.PlanCache(watch=None)
+    sets = [_gpu_edits(i) for i in range(3)]
+    first = [plans.plan(e, r, driver_root="/usr", hook_binary="/hook") for e, r in sets]
+    assert plans.plan(*sets[2], driver_root="/usr", hook_binary="/hook") is first[2]
+    assert plans.plan(*sets[0], driver_root="/usr", hook_binary="/hook") is not first[0]
