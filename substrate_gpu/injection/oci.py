@@ -293,18 +293,21 @@ def merge_env(image_env: Iterable[str], plan: InjectionPlan) -> list[str]:
     return env
 
 
-_last_env: tuple[tuple[str, ...], InjectionPlan, tuple[str, ...]] | None = None
+#: The last merged env of each plan, by id() of the plan (each entry holds its plan).
+_merged_envs: dict[int, tuple[InjectionPlan, tuple[str, ...], tuple[str, ...]]] = {}
+_MERGED_ENVS_SIZE = 64
 
 
 def _merged_env(image_env: tuple[str, ...], plan: InjectionPlan) -> list[str]:
-    """:func:`merge_env`, remembered for the last image env and plan (every actor of a
-    worker's image has the same env)."""
-    global _last_env  # noqa: PLW0603  (a one-entry memo of a pure function)
-    last = _last_env
-    if last is not None and last[1] is plan and last[0] == image_env:
+    """:func:`merge_env`, remembered per plan for its last image env (the actors of a
+    worker run few images)."""
+    last = _merged_envs.get(id(plan))
+    if last is not None and last[0] is plan and last[1] == image_env:
         return list(last[2])
     merged = merge_env(image_env, plan)
-    _last_env = (image_env, plan, tuple(merged))
+    if len(_merged_envs) >= _MERGED_ENVS_SIZE:
+        _merged_envs.clear()  # a worker has a few plans; many means churn: start over
+    _merged_envs[id(plan)] = (plan, image_env, tuple(merged))
     return merged
 
 
