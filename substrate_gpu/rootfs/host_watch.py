@@ -37,8 +37,8 @@ Driver installers and package managers replace library files (a new inode: an ev
 nothing writes a loaded driver library in place through a mapping.
 
 One instance per process (:func:`shared`): the 128 inotify instances are per user, shared
-with every other process of the node's root. A forked child gets its own (reading the
-parent's queue would steal the parent's events).
+with every other process of the node's root. In a forked child every watch starts afresh
+(reading the parent's queue would steal the parent's events).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ import select
 import stat
 import struct
 import threading
+import weakref
 from collections.abc import Sequence
 
 _IN_MODIFY = 0x00000002
@@ -147,6 +148,7 @@ class HostWatch:
         self._poll = select.poll()
         self._generation = next(_generations)
         self._watched: set[int] = set()
+        _instances.add(self)
 
     # -- the hot path ----------------------------------------------------------------------
 
@@ -302,10 +304,19 @@ def shared() -> HostWatch:
     return watch
 
 
+#: Every live instance, so a forked child can disown them all.
+_instances: weakref.WeakSet[HostWatch] = weakref.WeakSet()
+
+
 def _forget_in_child() -> None:
-    # The child shares the parent's inotify file description: it must not read from it.
+    # The child shares the parent's inotify file descriptions: reading one would steal the
+    # parent's events. Its copies are closed (the parent's stay open) and every watch of the
+    # child starts afresh, tokens void.
     global _shared  # noqa: PLW0603
     _shared = None
+    for watch in list(_instances):
+        watch._lock = threading.Lock()  # another thread may have held it at fork
+        watch._close()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

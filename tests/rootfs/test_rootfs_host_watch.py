@@ -202,3 +202,21 @@ def test_a_forked_child_gets_its_own_shared_watch() -> None:
         os._exit(0 if host_watch.shared() is not parent else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_forked_child_never_reads_the_parents_events(watch: HostWatch, files: list[Path]) -> None:
+    """A watch inherited by a child vouches for nothing there and leaves the parent's queue
+    alone: the parent still sees a change the child looked at."""
+    token = armed(watch, files)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover  (the child)
+        _rewrite(files[0])
+        os.write(write, b"1" if not watch.unchanged(token) else b"0")
+        os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    os.close(read)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not watch.unchanged(token)
