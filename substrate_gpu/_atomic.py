@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
-import secrets
 import stat
 from pathlib import Path
 
 
 def write_atomically(
-    path: Path, data: bytes, *, default_mode: int = 0o644, mode: int | None = None
+    path: Path | str, data: bytes, *, default_mode: int = 0o644, mode: int | None = None
 ) -> None:
     """Replace ``path`` with ``data`` atomically, keeping the existing file's mode.
 
@@ -24,12 +24,15 @@ def write_atomically(
     read the file); else the existing file's, or ``default_mode`` for a new file.
     Raises ``OSError`` on failure; the target is then untouched and no temp file is left.
     """
+    target = os.fspath(path)
+    directory, name = os.path.split(target)
+    directory = directory or "."
     if mode is None:
         try:
-            mode = stat.S_IMODE(path.stat().st_mode)
+            mode = stat.S_IMODE(os.stat(target).st_mode)  # noqa: PTH116
         except FileNotFoundError:
             mode = default_mode
-    fd, tmp = _create_temp(path)
+    fd, tmp = _create_temp(directory, name)
     try:
         try:
             view = memoryview(data)
@@ -39,25 +42,31 @@ def write_atomically(
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)  # noqa: PTH105  (a str temp name; no Path built)
+        os.replace(tmp, target)  # noqa: PTH105  (str paths: no Path built on the hot path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)  # noqa: PTH108
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
 
 
-def _create_temp(path: Path) -> tuple[int, str]:
-    """A new, empty, private file next to ``path`` (``.<name>.<random>.tmp``)."""
+#: Temp names: unique per process (pid) and call (counter); O_EXCL refuses any name that
+#: exists, a symlink included, so they need not be unpredictable (no getrandom per write).
+_counter = itertools.count()
+
+
+def _create_temp(directory: str, name: str) -> tuple[int, str]:
+    """A new, empty, private file next to ``name`` in ``directory``
+    (``.<name>.<pid>-<n>.tmp``)."""
     for _attempt in range(100):
-        tmp = f"{path.parent}/.{path.name}.{secrets.token_hex(6)}.tmp"
+        tmp = f"{directory}/.{name}.{os.getpid()}-{next(_counter)}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except FileExistsError:
             continue
         return fd, tmp
-    raise FileExistsError(errno.EEXIST, f"no free temporary name next to {path}")
+    raise FileExistsError(errno.EEXIST, f"no free temporary name next to {directory}/{name}")

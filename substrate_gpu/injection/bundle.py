@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Literal, TypeVar, cast
 
 import msgspec
 import structlog
@@ -31,7 +32,7 @@ from substrate_gpu import _atomic, exceptions
 from substrate_gpu.injection import devices as devices_
 from substrate_gpu.injection import hooks as hooks_
 from substrate_gpu.injection import oci, toolkit
-from substrate_gpu.rootfs import staging
+from substrate_gpu.rootfs import host_watch, staging
 
 if TYPE_CHECKING:
     from substrate_gpu.cdi import model
@@ -81,28 +82,59 @@ class InjectionReport:
 
 
 _Devices = tuple[devices_.ResolvedDevice, ...]
+_V = TypeVar("_V")
+
+
+@dataclass(frozen=True)
+class _Resolution:
+    """The last device resolution of a :class:`PlanCache`, and what vouches for it."""
+
+    edits: model.ContainerEdits
+    dev_root: Path
+    fingerprint: tuple[object, ...]
+    resolved: _Devices
+    watch: host_watch.HostWatch | None
+    token: int | None
+    """The watch's token, armed before the stats (``None``: the nodes are not watched)."""
+
+
+#: Device sets a :class:`PlanCache` remembers (a worker's actors each hold their own GPUs).
+PLAN_CACHE_SIZE = 64
 
 
 class PlanCache:
-    """Remembers the last injection plan, so later actors on a worker skip re-planning.
+    """Remembers injection plans, so later actors on a worker skip re-planning.
 
     The plan is a pure function of the edits, the resolved devices, the driver root and the
     hook binary. The edits are compared by identity (the worker's parsed spec is shared and
-    immutable), the rest by value. Device nodes are stat-ed for every injection; their
-    resolution is reused while the stats say the same.
+    immutable; the agent keeps one edits object per requested device set), the rest by
+    value; the last :data:`PLAN_CACHE_SIZE` device sets are kept. The resolution of the
+    device nodes is reused while the host watch says none of the host nodes changed since
+    they were last stat-ed, or, where the nodes cannot be watched, while they stat the same.
+    Safe to share between threads: each entry is replaced as one object.
+
+    ``watch``: as for :class:`~substrate_gpu.rootfs.sonames.SonameCache`.
     """
 
-    def __init__(self) -> None:
-        self._key: tuple[object, ...] | None = None
-        self._edits: model.ContainerEdits | None = None
-        self._plan: oci.InjectionPlan | None = None
+    def __init__(
+        self, *, watch: host_watch.HostWatch | Literal["shared"] | None = "shared"
+    ) -> None:
+        self._watch = watch
+        self._lock = threading.Lock()
+        # By id() of the edits (each entry holds its edits, so the id stays theirs):
+        # (edits, key, plan) and the device resolution.
+        self._plans: dict[
+            int, tuple[model.ContainerEdits, tuple[object, ...], oci.InjectionPlan]
+        ] = {}
+        self._resolutions: dict[int, _Resolution] = {}
+        self._hook_names: dict[int, tuple[oci.InjectionPlan, tuple[str, ...], tuple[str, ...]]] = {}
         self._hook_binaries: dict[Path, str] = {}
-        self._resolved: (
-            tuple[
-                model.ContainerEdits, Path, tuple[object, ...], tuple[devices_.ResolvedDevice, ...]
-            ]
-            | None
-        ) = None
+
+    def _remember(self, entries: dict[int, _V], key: int, value: _V) -> None:
+        with self._lock:
+            if key not in entries and len(entries) >= PLAN_CACHE_SIZE:
+                del entries[next(iter(entries))]  # the oldest device set
+            entries[key] = value
 
     def hook_binary(self, toolkit_dir: Path) -> str:
         """:func:`hook_binary`, chosen once per worker like its spec (which nvidia-ctk of
@@ -115,17 +147,45 @@ class PlanCache:
     def resolve(
         self, edits: model.ContainerEdits, dev_root: Path
     ) -> tuple[devices_.ResolvedDevice, ...]:
-        """:func:`devices.resolve_device_numbers` for ``edits``' nodes, reused while every
-        host node stat-s the same (type and numbers: all the resolution reads)."""
-        last = self._resolved
-        if last is not None and last[0] is edits and last[1] == dev_root:
-            seen = devices_.host_fingerprint(edits.device_nodes, dev_root=dev_root)
-            if seen == last[2]:
-                return last[3]
+        """:func:`devices.resolve_device_numbers` for ``edits``' nodes, reused while the
+        watch vouches for the host nodes, else while every node stat-s the same (type and
+        numbers: all the resolution reads)."""
+        watch = host_watch.shared() if self._watch == "shared" else self._watch
+        last = self._resolutions.get(id(edits))
+        same = last is not None and last.edits is edits and last.dev_root == dev_root
+        if (
+            same
+            and last is not None
+            and last.token is not None
+            and watch is not None
+            and last.watch is watch
+            and watch.unchanged(last.token)
+        ):
+            return last.resolved
+        # Watch the nodes from the second resolution on (a later actor): the first actor
+        # of a worker pays no watch it may never use. Armed before the stats below.
+        paths = devices_.host_paths(edits.device_nodes, dev_root=dev_root)
+        token = watch.arm(paths) if same and watch is not None else None
         fingerprint = devices_.host_fingerprint(edits.device_nodes, dev_root=dev_root)
-        resolved = devices_.resolve_device_numbers(edits.device_nodes, dev_root=dev_root)
-        self._resolved = (edits, dev_root, fingerprint, resolved)
+        if same and last is not None and fingerprint == last.fingerprint:
+            resolved = last.resolved
+        else:
+            resolved = devices_.resolve_device_numbers(edits.device_nodes, dev_root=dev_root)
+        self._remember(
+            self._resolutions,
+            id(edits),
+            _Resolution(edits, dev_root, fingerprint, resolved, watch, token),
+        )
         return resolved
+
+    def hook_names(self, plan: oci.InjectionPlan) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The subcommands of ``plan``'s kept hooks and the names of its skipped ones."""
+        last = self._hook_names.get(id(plan))
+        if last is None or last[0] is not plan:
+            kept = tuple(h.args[1] for h in plan.hooks)
+            last = (plan, kept, tuple(d.name for d in plan.skipped_hooks))
+            self._remember(self._hook_names, id(plan), last)
+        return last[1], last[2]
 
     def plan(
         self,
@@ -137,12 +197,12 @@ class PlanCache:
     ) -> oci.InjectionPlan:
         """The plan for these inputs, computed only when they changed."""
         key = (resolved, driver_root, hook_binary)
-        if self._plan is None or self._edits is not edits or self._key != key:
-            self._plan = oci.plan_injection(
-                edits, resolved, driver_root=driver_root, hook_binary=hook_binary
-            )
-            self._edits, self._key = edits, key
-        return self._plan
+        last = self._plans.get(id(edits))
+        if last is not None and last[0] is edits and last[1] == key:
+            return last[2]
+        plan = oci.plan_injection(edits, resolved, driver_root=driver_root, hook_binary=hook_binary)
+        self._remember(self._plans, id(edits), (edits, key, plan))
+        return plan
 
 
 def hook_binary(toolkit_dir: Path) -> str:
@@ -156,21 +216,29 @@ def read_config(bundle: Path) -> oci.OciConfig:
     return _read_config(bundle)[0]
 
 
-def _read_bytes_and_mode(path: Path) -> tuple[bytes, int]:
+def _read_bytes_and_mode(path: str) -> tuple[bytes, int]:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        mode = stat.S_IMODE(os.fstat(fd).st_mode)
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
+        st = os.fstat(fd)
+        # One read of the whole file as fstat sizes it (one byte more shows the end); a
+        # huge fixed buffer would cost an mmap and munmap of its own on every read.
+        chunks = [os.read(fd, st.st_size + 1)]
+        if len(chunks[0]) > st.st_size:  # it grew since fstat: read on to the end
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
     finally:
         os.close(fd)
-    return b"".join(chunks), mode
+    return b"".join(chunks), stat.S_IMODE(st.st_mode)
+
+
+def _config_path(bundle: Path) -> str:
+    """``<bundle>/config.json`` as a string (no Path built per injection)."""
+    return f"{bundle}/config.json"
 
 
 def _read_config(bundle: Path) -> tuple[oci.OciConfig, int]:
     """The parsed config and the file's permission bits (kept when it is rewritten)."""
-    path = bundle / "config.json"
+    path = _config_path(bundle)
     try:
         raw, mode = _read_bytes_and_mode(path)
     except OSError as e:
@@ -212,7 +280,7 @@ def encode_config(config: oci.OciConfig) -> bytes:
 
 
 def inject_gpu(
-    bundle: Path,
+    bundle: Path | str,
     edits: model.ContainerEdits,
     *,
     options: InjectionOptions,
@@ -229,7 +297,7 @@ def inject_gpu(
     ``plan_cache`` (one per worker) lets later actors reuse the plan.
     """
     started = time.perf_counter()
-    bundle = Path(bundle)
+    bundle = bundle if isinstance(bundle, Path) else Path(bundle)
     config, mode = _read_config(bundle)
     bound = log.bind(bundle=str(bundle))
     if oci.is_sandbox_container(config):
@@ -248,8 +316,7 @@ def inject_gpu(
         driver_root=options.driver_root,
         hook_binary=plans.hook_binary(options.toolkit_dir),
     )
-    kept = tuple(h.args[1] for h in plan.hooks)
-    skipped = tuple(d.name for d in plan.skipped_hooks)
+    kept, skipped = plans.hook_names(plan)
     if oci.already_injected(config, plan):
         bound.info("gpu_injection_skipped", reason="bundle already holds the GPU devices")
         return InjectionReport(
@@ -277,8 +344,8 @@ def inject_gpu(
         rootfs = rootfs_of(bundle, config)
         links = staging.stage_soname_links(rootfs, plan.libraries, cache=soname_cache, log=bound)
 
-    new_config = oci.apply_plan(config, plan, in_place=True)
-    path = bundle / "config.json"
+    new_config = oci.apply_plan(config, plan, in_place=True, for_encoding=True)
+    path = _config_path(bundle)
     try:
         _atomic.write_atomically(path, encode_config(new_config), mode=mode)
     except OSError as e:

@@ -145,6 +145,16 @@ def resolve_device(node: model.DeviceNode, *, dev_root: Path) -> ResolvedDevice:
     )
 
 
+def host_paths(nodes: Iterable[model.DeviceNode], *, dev_root: Path = Path("/")) -> list[str]:
+    """The host paths :func:`resolve_device` stats (nodes the spec does not describe
+    fully), normalised, in order (relative when ``dev_root`` is)."""
+    return [
+        os.path.normpath(os.path.join(dev_root, node.source.lstrip("/")))  # noqa: PTH118
+        for node in nodes
+        if not _complete(node)
+    ]
+
+
 def host_fingerprint(
     nodes: Iterable[model.DeviceNode], *, dev_root: Path = Path("/")
 ) -> tuple[object, ...]:

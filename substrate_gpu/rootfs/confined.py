@@ -250,24 +250,41 @@ def open_dir_at(root: Path, root_fd: int, path: str, *, create: bool = False) ->
     return _open_dir(root, root_fd, path, create=create)
 
 
-def open_child_dir(parent_fd: int, name: str, *, create: bool = False) -> int | None:
+def open_child_dir(
+    parent_fd: int, name: str, *, create: bool = False, parent_is_new: bool = False
+) -> tuple[int, bool] | None:
     """Open the real directory ``name`` of the directory ``parent_fd`` (O_PATH), creating it
     with mode 0o755 when ``create`` and absent; ``None`` when it is anything else.
 
-    ``name`` is one plain component, never followed when it is a symlink, so the result is
-    what resolving ``<parent>/<name>`` in-root gives for a real directory; for a symlink (or
-    a non-directory) the caller resolves the whole path with :func:`open_dir_at`.
+    Returns the descriptor and whether this call created the directory. ``parent_is_new``:
+    the caller created the parent itself just now (it is empty), so ``mkdir`` is tried
+    first. ``name`` is one plain component, never followed when it is a symlink, so the
+    result is what resolving ``<parent>/<name>`` in-root gives for a real directory; for a
+    symlink (or a non-directory) the caller resolves the whole path with :func:`open_dir_at`.
     """
     if not is_plain_name(name):
         return None
+    created = False
+    if create and parent_is_new:
+        try:
+            os.mkdir(name, 0o755, dir_fd=parent_fd)
+        except FileExistsError:
+            pass  # not so new after all: open what is there, as below
+        else:
+            created = True
     for _attempt in range(2):
         try:
-            return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+            return os.open(name, _DIR_FLAGS, dir_fd=parent_fd), created
         except FileNotFoundError:
             if not create:
                 return None
-            with contextlib.suppress(FileExistsError):  # a racing creator is fine
+            # ENOENT with O_NOFOLLOW: no entry at all (a symlink gives ENOTDIR or ELOOP).
+            try:
                 os.mkdir(name, 0o755, dir_fd=parent_fd)
+            except FileExistsError:
+                pass  # a racing creator is fine
+            else:
+                created = True
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENOTDIR):
                 return None  # a symlink or not a directory: the careful path decides

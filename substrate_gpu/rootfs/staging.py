@@ -268,41 +268,106 @@ def plan_soname_links(
     return planned, skipped
 
 
-class _PlanMemo:
-    """The last link plan, reused while the inputs are the same.
+@dataclass(frozen=True)
+class _Batch:
+    """The libraries of one staging, deduplicated, with the ones whose SONAME is read."""
 
-    Later actors on a worker stage the same libraries with the same cached SONAME results
-    (the cache returns the very same result objects until a file changes), so re-planning
-    is pure overhead on the warm path. Inputs are compared by value (equal results give
-    the same plan: planning is a pure function of them); one (inputs, plan) pair is
-    swapped atomically, so threads staging concurrently at worst plan twice.
+    libraries: object
+    """The caller's collection (the plan's tuple on the warm path)."""
+    unique: tuple[tuple[Path, str], ...]
+    """(host file, destination), the same mount twice being one mount."""
+    versioned: tuple[bool, ...]
+    """Per :attr:`unique` entry: whether its basename names a versioned library."""
+    wanted: list[Path]
+    """The host files whose SONAME is read (the versioned ones), in order."""
+
+
+def _batch(libraries: Iterable[tuple[Path, str]]) -> _Batch:
+    unique = tuple(dict.fromkeys(libraries))
+    versioned = tuple(is_versioned_library(dest.rsplit("/", 1)[-1]) for _, dest in unique)
+    wanted = [lib for (lib, _), v in zip(unique, versioned, strict=True) if v]
+    return _Batch(libraries, unique, versioned, wanted)
+
+
+#: One link directory of a plan: its container path and its links' (index, target, name).
+_Group = tuple[str, tuple[tuple[int, str, str], ...]]
+
+
+def _groups(planned: Sequence[PlannedLink]) -> tuple[_Group, ...]:
+    """The planned links by directory, a parent directory before its children."""
+    by_directory: dict[str, list[tuple[int, str, str]]] = {}
+    for i, link in enumerate(planned):
+        by_directory.setdefault(link.directory, []).append((i, link.target, link.name))
+    return tuple((d, tuple(by_directory[d])) for d in sorted(by_directory))
+
+
+@dataclass(frozen=True)
+class _LinkPlan:
+    """What :class:`_PlanMemo` keeps: the inputs and everything derived from them."""
+
+    batch: _Batch
+    results: list[SonameResult]
+    planned: tuple[PlannedLink, ...]
+    skipped: tuple[SkippedLibrary, ...]
+    staged: tuple[StagedLink, ...]
+    """Each planned link's :class:`StagedLink` (immutable: shared between reports)."""
+    groups: tuple[_Group, ...]
+    skip_events: tuple[tuple[bool, dict[str, str]], ...]
+    """:func:`_skip_event` of each of :attr:`skipped`."""
+
+
+class _PlanMemo:
+    """The last batch and link plan, reused while the inputs are the same.
+
+    Later actors on a worker stage the same libraries (the worker's plan holds one tuple of
+    them) with the same cached SONAME results (the cache returns the very same result
+    objects until a file changes), so re-planning is pure overhead on the warm path.
+    Results are compared by value (equal results give the same plan: planning is a pure
+    function of them); each memo is one object swapped atomically, so threads staging
+    concurrently at worst plan twice.
     """
 
     def __init__(self) -> None:
-        self._last: (
-            tuple[
-                list[tuple[Path, str, SonameResult]],
-                list[PlannedLink],
-                list[SkippedLibrary],
-                tuple[StagedLink, ...],
-            ]
-            | None
-        ) = None
+        self._batch: _Batch | None = None
+        self._last: _LinkPlan | None = None
 
-    def plan(
-        self, triples: list[tuple[Path, str, SonameResult]]
-    ) -> tuple[list[PlannedLink], list[SkippedLibrary], tuple[StagedLink, ...]]:
-        """The planned links, the skipped libraries (fresh lists) and each planned link's
-        :class:`StagedLink` (shared: immutable)."""
+    def batch(self, libraries: Iterable[tuple[Path, str]]) -> _Batch:
+        """The batch of ``libraries``, reused while they are an equal tuple (the plans of a
+        worker's device sets hold the same library objects: compared by identity first)."""
+        last = self._batch
+        if (
+            last is not None
+            and isinstance(libraries, tuple)
+            and isinstance(last.libraries, tuple)
+            and last.libraries == libraries
+        ):
+            return last
+        batch = self._batch = _batch(libraries)
+        return batch
+
+    def plan(self, batch: _Batch, results: list[SonameResult]) -> _LinkPlan:
+        """The link plan for ``batch``'s libraries with these SONAME results."""
         last = self._last
-        # List equality compares items by identity first: the warm path's paths, names
-        # and cached results are the very same objects, so no Path.__eq__ runs.
-        if last is not None and last[0] == triples:
-            return list(last[1]), list(last[2]), last[3]
+        # List equality compares items by identity first: the warm path's cached results
+        # are the very same objects.
+        if last is not None and last.batch is batch and last.results == results:
+            return last
+        found = iter(results)
+        triples = [
+            (library, destination, next(found) if v else _NOT_VERSIONED)
+            for (library, destination), v in zip(batch.unique, batch.versioned, strict=True)
+        ]
         planned, skipped = plan_soname_links(triples)
-        staged = tuple(StagedLink(p.library, p.link, p.target) for p in planned)
-        self._last = (triples, list(planned), list(skipped), staged)
-        return planned, skipped, staged
+        plan = self._last = _LinkPlan(
+            batch=batch,
+            results=results,
+            planned=tuple(planned),
+            skipped=tuple(skipped),
+            staged=tuple(StagedLink(p.library, p.link, p.target) for p in planned),
+            groups=_groups(planned),
+            skip_events=tuple(_skip_event(entry) for entry in skipped),
+        )
+        return plan
 
 
 _plan_memo = _PlanMemo()
@@ -317,62 +382,84 @@ _plan_memo = _PlanMemo()
 _NOT_VERSIONED = SonameAbsent("not a versioned library")
 
 
-def _read_sonames(
-    libraries: Iterable[tuple[Path, str]], cache: SonameCache
-) -> list[tuple[Path, str, SonameResult]]:
-    unique = list(dict.fromkeys(libraries))  # the same mount twice is one mount
-    versioned = [is_versioned_library(dest.rsplit("/", 1)[-1]) for _, dest in unique]
-    wanted = [lib for (lib, _), v in zip(unique, versioned, strict=True) if v]
-    found = iter(cache.lookup_many(wanted))
-    return [
-        (library, destination, next(found) if v else _NOT_VERSIONED)
-        for (library, destination), v in zip(unique, versioned, strict=True)
-    ]
-
-
 #: What became of one planned link: its outcome, or why its directory was refused.
 _Written = confined.LinkOutcome | str
 
+_CREATED = confined.LinkOutcome.CREATED
 
-def _write_links(rootfs: Path, planned: Sequence[PlannedLink]) -> list[_Written]:
-    """Create the links (in ``planned``'s order), one directory resolution per directory.
 
-    A directory whose parent was opened already is opened from it when it is a real
-    directory (one ``openat``), else resolved in-root from the top like the others. Link
-    names are plain (checked when planned), so a fresh rootfs costs one ``symlinkat`` per
-    link; an existing name takes :func:`confined.ensure_symlink_at`'s careful path.
+def _skip_event(entry: SkippedLibrary) -> tuple[bool, dict[str, str]]:
+    """Whether a skipped library is a warning, and its log fields (built once per link
+    plan for the plan's own skipped libraries: they recur for every actor of a worker)."""
+    fields = {
+        "library": str(entry.library),
+        "destination": entry.destination,
+        "reason": entry.reason.value,
+        "detail": entry.detail,
+    }
+    return entry.reason in WARNING_REASONS, fields
+
+
+def _open_directory(
+    rootfs: Path, root_fd: int, directory: str, opened: dict[str, int], new: set[str]
+) -> int:
+    """An O_PATH descriptor of ``directory`` (in-root), created when missing.
+
+    Walks from the nearest directory opened already, one ``openat`` per real directory on
+    the way (``mkdir`` + ``openat`` where it is missing; ``mkdir`` first below a directory
+    created just now). Any symlink, ``..`` or non-directory on the way sends the whole
+    path to :func:`confined.open_dir_at`, the careful in-root resolution. Every descriptor
+    opened lands in ``opened`` (the caller closes them); created directories in ``new``.
+    """
+    fd, path = root_fd, ""
+    for name in directory.split("/"):
+        if not name:
+            continue
+        parent, path = path, f"{path}/{name}"
+        known = opened.get(path)
+        if known is not None:
+            fd = known
+            continue
+        child = confined.open_child_dir(fd, name, create=True, parent_is_new=parent in new)
+        if child is None:
+            fd = opened[directory] = confined.open_dir_at(rootfs, root_fd, directory, create=True)
+            return fd
+        fd = opened[path] = child[0]
+        if child[1]:
+            new.add(path)
+    return fd
+
+
+def _write_links(
+    rootfs: Path, planned: Sequence[PlannedLink], groups: Sequence[_Group]
+) -> list[_Written]:
+    """Create the links (``groups``: ``planned`` by directory), one directory resolution
+    per directory.
+
+    Link names are plain (checked when planned), so a fresh rootfs costs one ``symlinkat``
+    per link; an existing name takes :func:`confined.ensure_symlink_at`'s careful path.
     """
     written: list[_Written | None] = [None] * len(planned)
-    by_directory: dict[str, list[int]] = {}
-    for i, link in enumerate(planned):
-        by_directory.setdefault(link.directory, []).append(i)
     opened: dict[str, int] = {}
+    new: set[str] = set()
     try:
         root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
         raise InjectionError(f"while staging SONAME links in rootfs {rootfs}: {e}") from e
     directory = "/"
     try:
-        for directory in sorted(by_directory):  # a parent before its children
-            indices = by_directory[directory]
+        for directory, links in groups:  # a parent before its children
             try:
-                parent, _, name = directory.rstrip("/").rpartition("/")
-                fd = None
-                if parent in opened:
-                    fd = confined.open_child_dir(opened[parent], name, create=True)
-                if fd is None:
-                    fd = confined.open_dir_at(rootfs, root_fd, directory, create=True)
-                opened[directory] = fd
-                for i in indices:
-                    link = planned[i]
+                fd = _open_directory(rootfs, root_fd, directory, opened, new)
+                for i, target, name in links:
                     try:
-                        os.symlink(link.target, link.name, dir_fd=fd)
+                        os.symlink(target, name, dir_fd=fd)
                     except FileExistsError:
-                        written[i] = confined.ensure_symlink_at(fd, link.name, link.target)
+                        written[i] = confined.ensure_symlink_at(fd, name, target)
                     else:
-                        written[i] = confined.LinkOutcome.CREATED
+                        written[i] = _CREATED
             except confined.ConfinedPathError as e:
-                for i in indices:
+                for i, _target, _name in links:
                     if written[i] is None:
                         written[i] = e.problem
     except OSError as e:
@@ -405,13 +492,15 @@ def stage_soname_links(
     rootfs (read-only, full); bad libraries and hostile paths are skipped and reported.
     """
     logger: StagingLog = log if log is not None else _log
-    planned, skipped, staged_links = _plan_memo.plan(_read_sonames(libraries, cache))
-    written = _write_links(rootfs, planned)
+    batch = _plan_memo.batch(libraries)
+    plan = _plan_memo.plan(batch, cache.lookup_many(batch.wanted))
+    planned, skipped, staged_links = plan.planned, list(plan.skipped), plan.staged
+    written = _write_links(rootfs, planned, plan.groups)
 
     created: list[StagedLink] = []
     replaced: list[StagedLink] = []
     existing: list[StagedLink] = []
-    if all(w is confined.LinkOutcome.CREATED for w in written):
+    if written.count(_CREATED) == len(written):
         # A fresh rootfs (every later actor): each link is new; nothing to sort out.
         created = list(staged_links)
         written = []
@@ -441,15 +530,9 @@ def stage_soname_links(
                 )
             )
 
-    for entry in skipped:
-        emit = logger.warning if entry.reason in WARNING_REASONS else logger.debug
-        emit(
-            "soname_link_skipped",
-            library=str(entry.library),
-            destination=entry.destination,
-            reason=entry.reason.value,
-            detail=entry.detail,
-        )
+    # The plan's own skipped libraries, then those the writes added.
+    for warning, fields in (*plan.skip_events, *map(_skip_event, skipped[len(plan.skipped) :])):
+        (logger.warning if warning else logger.debug)("soname_link_skipped", **fields)
     logger.debug(
         "soname_links_staged",
         created=len(created),

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,10 @@ from support.gpu_nodes import injection_options
 from substrate_gpu import exceptions
 from substrate_gpu.cdi import model
 from substrate_gpu.injection import bundle as bundle_
+from substrate_gpu.injection import oci
+from substrate_gpu.injection.devices import ResolvedDevice
 from substrate_gpu.rootfs import SonameCache
+from substrate_gpu.rootfs.host_watch import HostWatch
 from substrate_gpu.testing import bundles
 
 
@@ -142,16 +146,23 @@ def test_older_toolkit_spec_resolves_numbers_from_the_host(
     assert numbers["/dev/nvidiactl"] == (195, 255)
 
 
-def test_a_reused_plan_follows_a_host_node_whose_numbers_changed(
-    tmp_path, gpu_node, node_edits, options, require_root
-):
-    """The resolution is reused across actors only while the host nodes stat the same."""
-    plans = bundle_.PlanCache()
-    cache = SonameCache()
-    # Numbers left to the host (as nvidia-ctk often does): resolved by stat-ing the node.
-    unnumbered = dataclasses.replace(
-        node_edits, device_nodes=tuple(model.DeviceNode(n.path) for n in node_edits.device_nodes)
+def left_to_the_host(edits: model.ContainerEdits) -> model.ContainerEdits:
+    """``edits`` with numbers and modes left to the host (as nvidia-ctk often does)."""
+    return dataclasses.replace(
+        edits, device_nodes=tuple(model.DeviceNode(n.path) for n in edits.device_nodes)
     )
+
+
+@pytest.mark.parametrize(
+    "watch", [pytest.param(HostWatch, id="watched"), pytest.param(lambda: None, id="stat-ed")]
+)
+def test_a_reused_plan_follows_a_host_node_whose_numbers_changed(
+    tmp_path, gpu_node, node_edits, options, require_root, watch
+):
+    """The resolution is reused across actors only while the host nodes are unchanged."""
+    plans = bundle_.PlanCache(watch=watch())
+    cache = SonameCache()
+    unnumbered = left_to_the_host(node_edits)
 
     def gpu0_numbers(name: str) -> tuple[int, int]:
         bundle = bundles.make_bundle(tmp_path / name, ["true"])
@@ -172,3 +183,114 @@ def test_a_reused_plan_follows_a_host_node_whose_numbers_changed(
     finally:
         host_node.unlink()
         os.mknod(host_node, 0o666 | stat.S_IFCHR, original)
+
+
+def test_a_reused_plan_follows_a_chmod_of_a_host_node(
+    tmp_path, gpu_node, node_edits, options, require_root
+):
+    """A node's mode comes from the host: a chmod after the plan was cached is seen."""
+    plans, cache = bundle_.PlanCache(watch=HostWatch()), SonameCache()
+    edits = left_to_the_host(node_edits)
+
+    def gpu0_mode(name: str) -> int:
+        bundle = bundles.make_bundle(tmp_path / name, ["true"])
+        bundle_.inject_gpu(bundle, edits, options=options, soname_cache=cache, plan_cache=plans)
+        linux = json.loads((bundle / "config.json").read_text())["linux"]
+        (entry,) = [d for d in linux["devices"] if d["path"] == "/dev/nvidia0"]
+        return entry["fileMode"]
+
+    host_node = gpu_node.root / "dev/nvidia0"
+    original = stat.S_IMODE(host_node.stat().st_mode)
+    assert gpu0_mode("first") == gpu0_mode("second") == original
+    host_node.chmod(0o640)
+    try:
+        assert gpu0_mode("third") == 0o640
+    finally:
+        host_node.chmod(original)
+
+
+def test_a_watched_resolution_is_reused_without_a_stat(
+    gpu_node, node_edits, options, require_root, monkeypatch
+):
+    """From the third actor on (the second arms the watch), a resolution stats nothing."""
+    plans = bundle_.PlanCache(watch=HostWatch())
+    edits = left_to_the_host(node_edits)
+    first = plans.resolve(edits, options.dev_root)
+    assert plans.resolve(edits, options.dev_root) is first
+    calls = []
+    real_stat = os.stat
+    monkeypatch.setattr(os, "stat", lambda *a, **k: calls.append(a) or real_stat(*a, **k))
+    assert plans.resolve(edits, options.dev_root) is first
+    assert calls == []
+
+
+def test_a_plan_is_never_handed_out_for_other_edits(monkeypatch):
+    """Another thread asking for another device set in the middle of planning (simulated at
+    every line of ``PlanCache.plan`` once the new plan exists) gets its own plan, and so does
+    the first caller: the cache is replaced as one object."""
+    gpu1 = model.ContainerEdits(device_nodes=(model.DeviceNode("/dev/nvidia1"),))
+    gpu2 = model.ContainerEdits(device_nodes=(model.DeviceNode("/dev/nvidia2"),))
+    one = (ResolvedDevice("/dev/nvidia1", "/dev/nvidia1", "c", 195, 1, "rwm", 0o666),)
+    two = (ResolvedDevice("/dev/nvidia2", "/dev/nvidia2", "c", 195, 2, "rwm", 0o666),)
+    plans = bundle_.PlanCache(watch=None)
+
+    def plan_for(edits, resolved):
+        return plans.plan(edits, resolved, driver_root="/usr", hook_binary="/hook").devices
+
+    assert plan_for(gpu2, two) == two
+    planned, inside, others = [], [], []
+    real = oci.plan_injection
+    monkeypatch.setattr(oci, "plan_injection", lambda *a, **k: planned.append(1) or real(*a, **k))
+
+    def in_plan(frame, event, arg):
+        if event == "line" and planned and not inside:
+            inside.append(1)
+            others.append(plan_for(gpu2, two))
+            inside.clear()
+        return in_plan
+
+    def tracer(frame, event, arg):
+        return in_plan if frame.f_code is bundle_.PlanCache.plan.__code__ else None
+
+    sys.settrace(tracer)
+    try:
+        mine = plan_for(gpu1, one)
+    finally:
+        sys.settrace(None)
+    assert mine == one
+    assert others
+    assert all(devices == two for devices in others)
+
+
+def _gpu_edits(index: int) -> tuple[model.ContainerEdits, tuple[ResolvedDevice, ...]]:
+    node = f"/dev/nvidia{index}"
+    edits = model.ContainerEdits(
+        device_nodes=(model.DeviceNode(node),),
+        mounts=(model.Mount("/lib64/libcuda.so.1.2", "/usr/lib64/libcuda.so.1.2", None, ()),),
+    )
+    return edits, (ResolvedDevice(node, node, "c", 195, index, "rwm", 0o666),)
+
+
+def test_each_device_set_of_a_worker_keeps_its_plan(monkeypatch):
+    """Actors holding different GPUs alternate: each device set is planned once."""
+    plans = bundle_.PlanCache(watch=None)
+    calls = []
+    real = oci.plan_injection
+    monkeypatch.setattr(oci, "plan_injection", lambda *a, **k: calls.append(1) or real(*a, **k))
+    sets = [_gpu_edits(1), _gpu_edits(2)]
+    first = [plans.plan(e, r, driver_root="/usr", hook_binary="/hook") for e, r in sets]
+    again = [plans.plan(e, r, driver_root="/usr", hook_binary="/hook") for e, r in sets]
+    assert [p.devices for p in again] == [r for _, r in sets]
+    assert all(a is b for a, b in zip(first, again, strict=True))
+    assert len(calls) == 2
+    assert first[0].libraries[0][0] is first[1].libraries[0][0]  # one Path per host file
+
+
+def test_the_oldest_device_set_is_forgotten_first(monkeypatch):
+    """The cache holds PLAN_CACHE_SIZE device sets; one more evicts the oldest."""
+    monkeypatch.setattr(bundle_, "PLAN_CACHE_SIZE", 2)
+    plans = bundle_.PlanCache(watch=None)
+    sets = [_gpu_edits(i) for i in range(3)]
+    first = [plans.plan(e, r, driver_root="/usr", hook_binary="/hook") for e, r in sets]
+    assert plans.plan(*sets[2], driver_root="/usr", hook_binary="/hook") is first[2]
+    assert plans.plan(*sets[0], driver_root="/usr", hook_binary="/hook") is not first[0]

@@ -379,3 +379,24 @@ def test_userspace_walk_agrees_with_openat2(layout: dict[str, str | None], path:
         finally:
             os.close(root_fd)
         assert walk == kernel
+
+
+@pytest.mark.parametrize("parent_is_new", [False, True], ids=["parent-existing", "parent-new"])
+def test_open_child_dir_says_whether_it_created_the_directory(
+    tmp_path: Path, parent_is_new: bool
+) -> None:
+    """A missing child is created (and said so); an existing one is opened, even when the
+    caller believed the parent new; a symlink is left to the careful path."""
+    (tmp_path / "there").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "there")
+    parent = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+    try:
+        for name, created in (("missing", True), ("there", False)):
+            opened = confined.open_child_dir(parent, name, create=True, parent_is_new=parent_is_new)
+            assert opened is not None
+            os.close(opened[0])
+            assert opened[1] is created
+        assert (tmp_path / "missing").is_dir()
+        assert confined.open_child_dir(parent, "link", create=True) is None
+    finally:
+        os.close(parent)

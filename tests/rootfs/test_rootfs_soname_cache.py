@@ -11,6 +11,7 @@ from typing import BinaryIO
 import pytest
 from support import elflibs
 
+from substrate_gpu.rootfs.host_watch import HostWatch
 from substrate_gpu.rootfs.sonames import (
     SonameCache,
     SonameFound,
@@ -192,3 +193,129 @@ def test_lookup_many_answers_like_lookup_with_one_stat_per_known_file(
     os.utime(other, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
     assert cache.lookup_many([library, other]) == first[:2]
     assert opener.opened == [library, other, other]
+
+
+class CountingStat:
+    """Counts the stat calls made while it is installed in place of ``os.stat``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        real = os.stat
+
+        def counting(*args: object, **kwargs: object) -> os.stat_result:
+            self.calls += 1
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(os, "stat", counting)
+
+
+@pytest.fixture
+def batch(tmp_path: Path) -> list[Path]:
+    """Two real libraries in a driver-like directory."""
+    (tmp_path / "lib64").mkdir()
+    return [
+        elflibs.build_shared_library(tmp_path / "lib64", "liba.so.1.0", "liba.so.1"),
+        elflibs.build_shared_library(tmp_path / "lib64", "libb.so.1.0", "libb.so.1"),
+    ]
+
+
+def test_a_repeated_batch_is_answered_without_a_stat(
+    batch: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch seen again is stat-ed under the host watch, then costs no stat until a change."""
+    cache = SonameCache(watch=HostWatch())
+    first = cache.lookup_many(batch)
+    cache.lookup_many(batch)
+    stats = CountingStat(monkeypatch)
+    assert cache.lookup_many(batch) == first == [SonameFound("liba.so.1"), SonameFound("libb.so.1")]
+    assert stats.calls == 0
+    assert cache.stats.hits == 4
+
+
+def test_a_batch_seen_once_is_not_watched(
+    batch: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first actor of a worker pays no watch: its batch is stat-ed again next time."""
+    cache = SonameCache(watch=HostWatch())
+    cache.lookup_many(batch)
+    stats = CountingStat(monkeypatch)
+    cache.lookup_many(batch)
+    assert stats.calls == 2
+
+
+def test_without_a_watch_every_batch_is_stat_ed(
+    batch: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """watch=None keeps the one-stat-per-library behaviour."""
+    cache = SonameCache(watch=None)
+    cache.lookup_many(batch)
+    cache.lookup_many(batch)
+    stats = CountingStat(monkeypatch)
+    cache.lookup_many(batch)
+    assert stats.calls == 2
+
+
+def _rewrite_in_place(path: Path) -> None:
+    # Same inode, same size, other bytes: only the watch's IN_MODIFY tells.
+    data = bytearray(path.read_bytes())
+    at = data.index(b"libb.so.1")
+    data[at : at + 9] = b"libz.so.1"
+    with path.open("r+b") as f:
+        f.write(data)
+
+
+def _replace(path: Path) -> None:
+    elflibs.build_shared_library(path.parent, "new.so.1.0", "libz.so.1").replace(path)
+
+
+def _swap_directory(path: Path) -> None:
+    directory = path.parent
+    directory.rename(directory.with_name("lib64.old"))
+    directory.mkdir()
+    elflibs.build_shared_library(directory, "liba.so.1.0", "liba.so.1")
+    elflibs.build_shared_library(directory, path.name, "libz.so.1")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(_rewrite_in_place, id="rewritten-in-place"),
+        pytest.param(_replace, id="replaced"),
+        pytest.param(_swap_directory, id="directory-swapped"),
+    ],
+)
+def test_a_library_changed_under_a_watched_batch_is_read_again(
+    batch: list[Path], change: Callable[[Path], None]
+) -> None:
+    """A library rewritten, replaced or moved away under the watch gives its new SONAME."""
+    cache = SonameCache(watch=HostWatch())
+    cache.lookup_many(batch)
+    cache.lookup_many(batch)
+    change(batch[1])
+    assert cache.lookup_many(batch) == [SonameFound("liba.so.1"), SonameFound("libz.so.1")]
+
+
+def test_a_removed_library_under_a_watched_batch_is_noticed(batch: list[Path]) -> None:
+    """A library deleted after the batch was vouched for becomes unreadable."""
+    cache = SonameCache(watch=HostWatch())
+    cache.lookup_many(batch)
+    cache.lookup_many(batch)
+    batch[1].unlink()
+    result = cache.lookup_many(batch)[1]
+    assert isinstance(result, SonameUnreadable)
+    assert "cannot stat" in result.reason
+
+
+def test_a_batch_with_a_passing_failure_is_never_vouched_for(batch: list[Path]) -> None:
+    """An open that failed under the watch is retried on the next batch."""
+    failures = [PermissionError(13, "Permission denied")] * 2
+
+    def flaky(path: Path) -> BinaryIO:
+        if path == batch[0] and failures:
+            raise failures.pop()
+        return open_for_reading(path)
+
+    cache = SonameCache(opener=flaky, watch=HostWatch())
+    assert isinstance(cache.lookup_many(batch)[0], SonameUnreadable)
+    assert isinstance(cache.lookup_many(batch)[0], SonameUnreadable)  # armed, not trusted
+    assert cache.lookup_many(batch)[0] == SonameFound("liba.so.1")
