@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,14 +34,19 @@ pytestmark = pytest.mark.runc
 
 
 @pytest.fixture(scope="module")
-def podman(require_root, tmp_path_factory) -> cdi_oracle.Podman:
-    """podman with private, throw-away storage, and a busybox image imported into it."""
+def podman(require_root, tmp_path_factory) -> Iterator[cdi_oracle.Podman]:
+    """podman with private, throw-away storage, and a busybox image imported into it.
+
+    Its run root is a short directory of its own: podman refuses one of more than 50
+    characters, which pytest's numbered temp paths under xdist workers can reach
+    (``/tmp/pytest-of-root/pytest-56/popen-gw0/podman0/run`` is 51)."""
     binary = cdi_oracle.find_podman()
     if binary is None:
         missing("podman", "is not installed")
-    return cdi_oracle.Podman.create(
-        binary, tmp_path_factory.mktemp("podman"), bundles.find_busybox()
-    )
+    with tempfile.TemporaryDirectory(prefix="podman-", dir="/tmp") as run:
+        yield cdi_oracle.Podman.create(
+            binary, tmp_path_factory.mktemp("podman"), bundles.find_busybox(), run=Path(run)
+        )
 
 
 def generate(sim: node_.SimulatedNode, out: Path, toolkit_version: str = "1.20.0") -> dict:

@@ -41,13 +41,15 @@ class Podman:
     storage: Path
 
     @classmethod
-    def create(cls, binary: str, state: Path, busybox: Path) -> Podman:
+    def create(cls, binary: str, state: Path, busybox: Path, *, run: Path | None = None) -> Podman:
+        """``run``: the run root (default ``state/run``; podman refuses more than 50
+        characters)."""
         argv = (
             binary,
             "--root",
             str(state / "root"),
             "--runroot",
-            str(state / "run"),
+            str(run or state / "run"),
             "--storage-driver",
             "vfs",
             "--cgroup-manager",
