@@ -91,6 +91,7 @@ class PlainTableEngine:
             for (source, trigger), candidates in spec._by_source_trigger.items()
         }
         self.moves = actors.moves_from_fire(spec, self.fire)
+        self.logged_moves = self.moves
 
     def fire(self, actor: actors.Actor, event: events.Event) -> bool:
         for conditions, unless, dest, after in self._table[(actor.state, event.type)]:
