@@ -10,10 +10,18 @@ import pytest
 
 from eventlog import logs
 from substrate_gpu import eventlog
-from substrate_gpu.eventlog import EventLog, read_log
+from substrate_gpu.eventlog import EventLog, read_log, reader
 from substrate_gpu.lifecycle import events
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True, params=[None, 7, 64], ids=["4MiB-pieces", "7B-pieces", "64B-pieces"])
+def read_size(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader reads a log a piece at a time: every test here holds whatever the piece
+    size, lines cut across pieces and lines longer than a piece (the buffer grows) included."""
+    if request.param is not None:
+        monkeypatch.setattr(reader, "_READ_BYTES", request.param)
 
 
 def _good(path: Path) -> list[str]:
