@@ -20,7 +20,6 @@ import contextlib
 import gc
 import io
 import operator
-import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,17 +107,7 @@ def read_log(path: Path) -> LogContents:
         raise errors.EventLogError(f"cannot read event log {path}: {e.strerror or e}") from e
 
 
-def parse_log(path: Path, data: bytes) -> LogContents:
-    """Parse the bytes of the log at ``path``."""
-    with gc_paused():
-        return _read_stream(path, io.BytesIO(data))
-
-
-class _Readable(typing.Protocol):
-    def readinto(self, buffer: memoryview, /) -> int | None: ...
-
-
-def _read_stream(path: Path, f: _Readable) -> LogContents:
+def _read_stream(path: Path, f: io.RawIOBase) -> LogContents:
     buffer = bytearray(_READ_BYTES)
     view = memoryview(buffer)
     offset = 0  # of buffer[0] in the file
@@ -151,11 +140,10 @@ def _read_stream(path: Path, f: _Readable) -> LogContents:
         kept = filled - end
         buffer[:kept] = buffer[end:filled]
     # What follows the last newline was torn (being written when the agent died).
-    torn = TornTail(offset=offset, size=kept, line=len(records) + 2) if kept else None
+    line = len(records) + 2 if header is not None else 1
+    torn = TornTail(offset=offset, size=kept, line=line) if kept else None
     if header is None:
         # Even the header was torn (the log was being created): an empty log.
-        if torn is not None:
-            torn = TornTail(offset=0, size=kept, line=1)
         return LogContents(path, format.Header(v=format.VERSION), None, [], torn, 0)
     _check_order(path, records, header.base_seq)
     return LogContents(path, header, base, records, torn, offset)

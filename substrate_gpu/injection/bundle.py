@@ -127,7 +127,6 @@ class PlanCache:
             int, tuple[model.ContainerEdits, tuple[object, ...], oci.InjectionPlan]
         ] = {}
         self._resolutions: dict[int, _Resolution] = {}
-        self._hook_names: dict[int, tuple[oci.InjectionPlan, tuple[str, ...], tuple[str, ...]]] = {}
         self._hook_binaries: dict[Path, str] = {}
 
     def _remember(self, entries: dict[int, _V], key: int, value: _V) -> None:
@@ -177,15 +176,6 @@ class PlanCache:
             _Resolution(edits, dev_root, fingerprint, resolved, watch, token),
         )
         return resolved
-
-    def hook_names(self, plan: oci.InjectionPlan) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """The subcommands of ``plan``'s kept hooks and the names of its skipped ones."""
-        last = self._hook_names.get(id(plan))
-        if last is None or last[0] is not plan:
-            kept = tuple(h.args[1] for h in plan.hooks)
-            last = (plan, kept, tuple(d.name for d in plan.skipped_hooks))
-            self._remember(self._hook_names, id(plan), last)
-        return last[1], last[2]
 
     def plan(
         self,
@@ -316,7 +306,7 @@ def inject_gpu(
         driver_root=options.driver_root,
         hook_binary=plans.hook_binary(options.toolkit_dir),
     )
-    kept, skipped = plans.hook_names(plan)
+    kept, skipped = plan.hook_subcommands, plan.skipped_hook_names
     if oci.already_injected(config, plan):
         bound.info("gpu_injection_skipped", reason="bundle already holds the GPU devices")
         return InjectionReport(

@@ -88,6 +88,10 @@ class InjectionPlan:
     """Allowlisted createContainer hooks, rewritten to the mounted toolkit."""
     skipped_hooks: tuple[hooks_.HookDecision, ...]
     """Hooks left out, with the reason (each is logged by name)."""
+    hook_subcommands: tuple[str, ...]
+    """The subcommand of each of :attr:`hooks` (reported per injection)."""
+    skipped_hook_names: tuple[str, ...]
+    """The name of each of :attr:`skipped_hooks` (reported per injection)."""
     additional_gids: tuple[int, ...]
     """Supplementary groups for the actor's process (never 0)."""
     libraries: tuple[tuple[Path, str], ...] = ()
@@ -220,6 +224,8 @@ def plan_injection(
         driver_library_dir=driver_library_dir(edits, driver_root),
         hooks=tuple(kept),
         skipped_hooks=tuple(skipped),
+        hook_subcommands=tuple(h.args[1] for h in kept),
+        skipped_hook_names=tuple(d.name for d in skipped),
         additional_gids=tuple(g for g in edits.additional_gids if g != 0),
     )
 
