@@ -282,7 +282,11 @@ class SpecDirReader:
 
 
 def load_spec_set(
-    directories: Sequence[os.PathLike[str] | str], *, extra: Sequence[model.Spec] = ()
+    directories: Sequence[os.PathLike[str] | str],
+    *,
+    extra: Sequence[model.Spec | os.PathLike[str] | str] = (),
 ) -> SpecSet:
-    """Read the specs of ``directories`` once (see :meth:`SpecDirReader.read`)."""
-    return SpecDirReader(directories).read(extra=extra)
+    """Read the specs of ``directories`` once (see :meth:`SpecDirReader.read`); an ``extra``
+    entry is a parsed spec or the path of one (read with :func:`.parse.load_spec`)."""
+    specs = [s if isinstance(s, model.Spec) else parse.load_spec(s) for s in extra]
+    return SpecDirReader(directories).read(extra=specs)

@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         type=str.upper,
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="least severe level logged (default: WARNING; agent: INFO; demo: ERROR)",
+        help="least severe level logged (default: WARNING; agent, controller: INFO; demo: ERROR)",
     )
     subparsers = cast(
         "_SubParsersAction",

@@ -45,11 +45,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "send",
         help="send one event: TYPE ACTOR_ID [FIELD=VALUE ...]",
         description="Send one external event; VALUEs are JSON when they parse (true, 7), "
-        "else strings. The event's version (v) is filled in.",
+        "else strings. The event's version (v) is filled in. "
+        f"Event types a client may send: {', '.join(protocol.EXTERNAL_TYPES)}.",
     )
-    send.add_argument("type", metavar="TYPE", help="an event a client may send")
+    send.add_argument("type", metavar="TYPE", help=f"one of: {', '.join(protocol.EXTERNAL_TYPES)}")
     send.add_argument("actor_id", metavar="ACTOR_ID")
-    send.add_argument("fields", nargs="*", metavar="FIELD=VALUE")
+    # A default makes it optional: without one, argparse 3.11 names a `*` positional among
+    # "the following arguments are required".
+    send.add_argument(
+        "fields", nargs="*", default=[], metavar="FIELD=VALUE", help="the event's fields"
+    )
     send.set_defaults(usage_error=send.error)
     actor = what.add_parser("actor", help="an actor's state and reason")
     actor.add_argument("actor_id", metavar="ACTOR_ID")

@@ -50,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="URL",
         help="serve kopf's health check here, e.g. http://0.0.0.0:8080/healthz",
     )
-    parser.set_defaults(handler=_run)
+    # A controller's log is its only account of what it did to each pool.
+    parser.set_defaults(handler=_run, default_log_level="INFO")
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -77,7 +77,8 @@ class _Outcome:
     documents: int = 0
     errors: int = 0
     warnings: int = 0
-    unreadable: bool = False
+    unreadable: int = 0
+    """Files that could not be read at all."""
 
     @property
     def exit_code(self) -> int:
@@ -106,7 +107,7 @@ def _check_files(
             continue
         except manifests.PoolFileError as e:
             print(f"error: {_errors.describe(e)}", file=sys.stderr)
-            outcome.unreadable = True
+            outcome.unreadable += 1
             continue
         for doc in docs:
             outcome.documents += 1
@@ -136,9 +137,12 @@ _NO_IMAGE = (
 
 def _validate(args: argparse.Namespace) -> int:
     outcome = _check_files(args.files, _settings(os.environ, args.ateom_image), validating=True)
+    # An unread file holds an unknown number of documents: "0 document(s), 0 error(s)"
+    # alone would read as a clean pass.
+    unread = f"; {outcome.unreadable} file(s) could not be read" if outcome.unreadable else ""
     print(
         f"{outcome.documents} document(s), {outcome.errors} error(s), "
-        f"{outcome.warnings} warning(s)",
+        f"{outcome.warnings} warning(s){unread}",
         file=sys.stderr if outcome.exit_code != EXIT_OK else sys.stdout,
     )
     return outcome.exit_code
@@ -161,6 +165,13 @@ def _render(args: argparse.Namespace) -> int:
     for source, pool in outcome.pools:
         try:
             objects.append(shaping.render_worker_deployment(pool, settings))
+        except shaping.MissingWorkerImageError as e:
+            # The controller's words; here the flag is the quickest way out.
+            print(
+                f"{source}: error: {_errors.describe(e)} (or give --ateom-image IMAGE)",
+                file=sys.stderr,
+            )
+            failed = True
         except exceptions.SubstrateGpuError as e:
             print(f"{source}: error: {_errors.describe(e)}", file=sys.stderr)
             failed = True

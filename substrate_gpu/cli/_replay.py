@@ -202,6 +202,24 @@ def _print_text(
         out.write(f"  final: {view.state} ({', '.join(details)})\n")
 
 
+_NAME_LISTS = ("gpu_names", "gpu_devices")
+"""View fields held as comma-separated names (CDI names have no comma): lists in JSON."""
+_PID_LISTS = ("cuda_pids", "checkpoint_cuda_pids", "context_pids")
+"""View fields held as comma-separated pids: lists of numbers in JSON."""
+
+
+def _final(view: msgspec.Struct) -> dict[str, object]:
+    """The final view as JSON wants it: the joined fields as the lists they stand for."""
+    final: dict[str, object] = msgspec.structs.asdict(view)
+    for name in _NAME_LISTS:
+        text = getattr(view, name)
+        final[name] = text.split(",") if text else []
+    for name in _PID_LISTS:
+        text = getattr(view, name)
+        final[name] = [int(pid) for pid in text.split(",") if pid]
+    return final
+
+
 def _document(
     result: eventlog.ReplayResult, timelines: dict[str, list[_Entry]]
 ) -> dict[str, object]:
@@ -236,7 +254,7 @@ def _document(
                 )
         view = result.actors.get(actor_id)
         actors[actor_id] = {
-            "final": msgspec.structs.asdict(view) if view is not None else None,
+            "final": _final(view) if view is not None else None,
             "timeline": timeline,
         }
     return {

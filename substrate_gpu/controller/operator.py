@@ -38,6 +38,7 @@ __all__ = [
     "FINALIZER",
     "ControllerOptions",
     "build_registry",
+    "log_reconciled",
     "operator_settings",
     "run_controller",
 ]
@@ -103,7 +104,7 @@ def build_registry(
     @kopf.on.resume(*_RESOURCE, registry=registry, backoff=options.retry_delay)
     @kopf.on.create(*_RESOURCE, registry=registry, backoff=options.retry_delay)
     @kopf.on.update(*_RESOURCE, registry=registry, backoff=options.retry_delay)
-    async def reconcile_pool(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    async def reconcile_pool(body: kopf.Body, patch: kopf.Patch, reason: str, **_: Any) -> None:
         outcome = reconcile.plan(body, pool_settings)
         if isinstance(outcome, reconcile.Apply):
             try:
@@ -112,12 +113,7 @@ def build_registry(
                 if e.retryable:
                     raise kopf.TemporaryError(str(e), delay=options.retry_delay) from e
                 outcome = reconcile.Reject("DeploymentRefused", str(e))
-        _log.info(
-            "workerpool reconciled",
-            pool=f"{body.metadata.namespace}/{body.metadata.name}",
-            outcome=type(outcome).__name__,
-            reason=getattr(outcome, "reason", None),
-        )
+        log_reconciled(f"{body.metadata.namespace}/{body.metadata.name}", reason, outcome)
         previous = body.status.get("conditions") or []
         status = reconcile.pool_status(
             outcome,
@@ -137,9 +133,35 @@ def build_registry(
             )
         except kube.KubeApiError as e:
             raise kopf.TemporaryError(str(e), delay=options.retry_delay) from e
-        _log.info("workerpool deleted", pool=f"{namespace}/{name}", deployment_deleted=deleted)
+        _log.info(
+            "workerpool deleted",
+            pool=f"{namespace}/{name}",
+            deployment=reconcile.deployment_name(name),
+            deployment_deleted=deleted,
+        )
 
     return registry
+
+
+_ACTIONS: dict[str, str] = {kopf.Reason.CREATE: "created", kopf.Reason.UPDATE: "updated"}
+"""What an applied pool's cause did to its Deployment; on resume (a restart) it is checked."""
+
+
+def log_reconciled(pool: str, cause: str, outcome: reconcile.Plan) -> None:
+    """One INFO line per reconcile, naming what was done: an operator's only trace of it."""
+    if isinstance(outcome, reconcile.Reject):
+        _log.warning(
+            "workerpool rejected", pool=pool, reason=outcome.reason, message=outcome.message
+        )
+        return
+    metadata = outcome.deployment["metadata"]
+    assert isinstance(metadata, Mapping)
+    _log.info(
+        f"workerpool {_ACTIONS.get(cause, 'resumed')}",
+        pool=pool,
+        deployment=metadata["name"],
+        replicas=outcome.replicas,
+    )
 
 
 def _conditions(raw: object) -> Sequence[Mapping[str, object]]:

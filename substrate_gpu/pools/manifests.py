@@ -221,7 +221,13 @@ def controller_manifests(settings: shaping.ControllerSettings) -> list[dict[str,
                             {
                                 "name": "controller",
                                 "image": CONTROLLER_IMAGE,
-                                "args": ["controller", "--liveness-endpoint", health],
+                                "args": [
+                                    "--log-level",
+                                    "INFO",
+                                    "controller",
+                                    "--liveness-endpoint",
+                                    health,
+                                ],
                                 "env": env,
                                 "ports": [
                                     {"name": "health", "containerPort": CONTROLLER_HEALTH_PORT}

@@ -13,6 +13,8 @@ test suite and the benchmarks do.
   runnable with ``python -m``; they reproduce the documented command lines, output shapes and
   failure modes (see docs/gpu-injection.md, "Stand-ins", and tests/standins/README.md), and
   are not mocks of our code. The runsc stand-in runs every sandbox as a real runc container.
+- :mod:`.kube`: a real etcd + kube-apiserver on 127.0.0.1 (built by scripts/build-kube.sh),
+  for the WorkerPool tests and the controller's local quick start (docs/api-guide.md).
 - :mod:`.sandboxes`: :class:`~.sandboxes.SimulatedSandboxes`, an in-process runsc and CUDA
   context probe for machines without runc.
 """

@@ -422,3 +422,11 @@ def test_unchanged_files_are_not_parsed_again(tmp_path):
     changed = reader.read().specs[0]
     assert changed is not first
     assert changed.devices[0].container_edits.device_nodes[0].path == "/dev/a1"
+
+
+def test_the_worker_spec_may_be_given_by_path(tmp_path):
+    """``extra=[path]`` reads the spec there (it used to fail with an AttributeError)."""
+    path = write(tmp_path / "worker" / "nvidia.json", FOUR_GPUS)
+    specs = cdi.load_spec_set([tmp_path / "etc"], extra=[path])
+    assert [s.source for s in specs.specs] == [str(path)]
+    assert cdi.edits_for_devices(specs, ["nvidia.com/gpu=1"]).device_nodes

@@ -12,6 +12,7 @@ import pytest
 from service.agentproc import REPO, AgentProcess
 
 from substrate_gpu import cli
+from substrate_gpu.service import protocol
 
 
 def _client(agent: AgentProcess, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
@@ -94,3 +95,26 @@ def test_no_agent_on_the_socket_says_what_to_do(
     assert code == cli.EXIT_FAILED
     err = capsys.readouterr().err
     assert "none.sock" in err and "is the agent running" in err
+
+
+def test_send_without_an_actor_names_only_what_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """FIELD=VALUE is optional: a missing ACTOR_ID is the only required argument named."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["client", "--socket", str(tmp_path / "s"), "send", "run_requested"])
+    assert exited.value.code == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "required: ACTOR_ID\n" in err
+    assert "[FIELD=VALUE ...]" in err
+
+
+def test_send_help_lists_the_event_types_a_client_may_send(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``client send --help`` names every external event type."""
+    with pytest.raises(SystemExit):
+        cli.main(["client", "--socket", "s", "send", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for name in protocol.EXTERNAL_TYPES:
+        assert name in out

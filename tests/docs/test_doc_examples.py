@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import shlex
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 from service.agentproc import REPO, AgentProcess
+from support import gpu_specs
 from support.real import missing
 
 from substrate_gpu import cli, eventlog
@@ -203,3 +205,19 @@ def test_every_whole_pool_in_the_api_guide_validates(pool: str) -> None:
     """A pool the guide shows is accepted as written (no errors; warnings allowed)."""
     report = validation.validate_document(yaml.safe_load(pool))
     assert report.errors == ()
+
+
+def test_named_devices_example_prints_what_its_comments_say(tmp_path: Path) -> None:
+    """gpu-injection.md's named-device example, on a four-GPU spec (node paths moved)."""
+    language, code = example("gpu-injection.md", "named-devices")
+    assert language == "python"
+    spec = tmp_path / "nvidia.json"
+    spec.write_text(json.dumps(gpu_specs.with_gpus(gpu_specs.load_raw(), 4)))
+    moved = code.replace("/run/substrate/cdi/nvidia.json", str(spec))
+    moved = moved.replace('"/etc/cdi"', repr(str(tmp_path / "etc")))
+    moved = moved.replace('"/var/run/cdi"', repr(str(tmp_path / "run")))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(moved, "docs/gpu-injection.md", "exec"), {})
+    expected = [line.removeprefix("# ") for line in code.rstrip().splitlines()[-2:]]
+    assert out.getvalue().splitlines() == expected

@@ -70,6 +70,19 @@ def test_json_output_is_one_document(capsys: pytest.CaptureFixture[str]) -> None
     assert doc["torn_tail"] is None and doc["events_replayed"] == len(actor["timeline"])
 
 
+def test_json_final_lists_are_lists(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--json: GPU names and pids come out as the lists the log has, not joined strings."""
+    names = ("nvidia.com/gpu=0", "nvidia.com/gpu=1")
+    registered = events.ActorRegistered(
+        actor_id="a", gpu=True, bundle="/b", gpu_names=names, seq=1, at=1.0
+    )
+    log = logs.write_lines(tmp_path / "events.jsonl", logs.header(), registered.to_json())
+    assert _run(str(log), "--json") == 0
+    final = json.loads(capsys.readouterr().out)["actors"]["a"]["final"]
+    assert final["gpu_names"] == list(names)
+    assert final["gpu_devices"] == [] and final["context_pids"] == []
+
+
 def test_a_torn_tail_is_a_warning_and_exit_0(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -131,6 +131,16 @@ def ready_at(
     return None
 
 
+def logged(controller: ControllerProcess, event: str, pool: str) -> bool | None:
+    """Whether the controller's log has a line for ``event`` on ``pool`` (None: not yet)."""
+    text = controller.log.read_text(errors="replace")
+    return (
+        True
+        if any(event in line and f"pool={pool}" in line for line in text.splitlines())
+        else None
+    )
+
+
 def create_pool(admin: KubeClient, namespace: str, doc: dict[str, Any]) -> dict[str, Any]:
     doc = copy.deepcopy(doc)
     doc["metadata"]["namespace"] = namespace
@@ -209,6 +219,8 @@ def test_a_new_pool_gets_one_shaped_owned_deployment_and_a_ready_status(
     assert body["status"]["deployment"] == "created-workers"
     assert condition(body, "Rejected")["status"] == "False"  # type: ignore[index]
     assert operator.FINALIZER in body["metadata"]["finalizers"]
+    # At its default level the controller says what it did.
+    assert logged(controller, "workerpool created", f"{namespace}/created")
 
 
 def test_an_updated_pool_updates_its_deployment_and_observed_generation(
@@ -228,6 +240,7 @@ def test_an_updated_pool_updates_its_deployment_and_observed_generation(
     [deployment] = deployments(admin, namespace, "updated")
     assert deployment["spec"]["replicas"] == 5
     assert body["status"]["replicas"] == 5
+    assert logged(controller, "workerpool updated", f"{namespace}/updated")
 
 
 def test_a_deleted_pool_takes_its_deployment_along(
@@ -245,6 +258,10 @@ def test_a_deleted_pool_takes_its_deployment_along(
         ),
     )
     assert deployments(admin, namespace, "deleted") == []
+    controller.wait_for(
+        "the delete logged",
+        lambda: logged(controller, "workerpool deleted", f"{namespace}/deleted"),
+    )
 
 
 def test_an_invalid_pool_is_refused_at_admission_and_never_reaches_the_controller(
@@ -284,6 +301,7 @@ def test_a_pool_that_cannot_be_rendered_is_rejected_with_the_reason(
             return c if c and c["status"] == "True" else None
 
         rejected_condition = controller.wait_for("Rejected", rejected)
+        assert logged(controller, "workerpool rejected", f"{namespace}/gpu")
     finally:
         controller.stop()
     assert rejected_condition["reason"] == "NoWorkerImage"

@@ -64,6 +64,17 @@ def test_validate_missing_file_exits_one(
     assert "nope.yaml" in err
 
 
+def test_validate_summary_counts_the_files_not_read(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The summary after a missing file says a file was not read (not a clean "0 error(s)")."""
+    code, _, err = run(capsys, "validate", tmp_path / "nope.yaml")
+    assert code == EXIT_FAILED
+    assert err.splitlines()[-1] == (
+        "0 document(s), 0 error(s), 0 warning(s); 1 file(s) could not be read"
+    )
+
+
 def test_render_prints_applyable_yaml(capsys: pytest.CaptureFixture[str]) -> None:
     """render prints the worker Deployment as YAML on stdout."""
     code, out, _ = run(capsys, "render", DATA / "valid" / "gpu-pool-flat.yaml")
@@ -117,7 +128,7 @@ def test_render_without_any_image_fails_clearly(
     monkeypatch.delenv("ATE_DEFAULT_ATEOM_IMAGE", raising=False)
     code, out, err = run(capsys, "render", DATA / "valid" / "user-documented.yaml")
     assert (code, out) == (EXIT_FAILED, "")
-    assert "ATE_DEFAULT_ATEOM_IMAGE" in err
+    assert "ATE_DEFAULT_ATEOM_IMAGE" in err and "--ateom-image IMAGE" in err
 
 
 def test_render_forwards_the_driver_root(
