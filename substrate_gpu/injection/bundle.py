@@ -5,8 +5,9 @@ Order of work, chosen so that a failure anywhere leaves ``config.json`` untouche
 1. read and parse ``config.json``;
 2. resolve every device node on the host (a missing node fails here, before any write);
 3. plan the edits (pure, :mod:`substrate_gpu.injection.oci`);
-4. if the bundle already holds those device nodes, stop: injection is idempotent; if it
-   holds GPU nodes the plan does not grant (an earlier injection of other GPUs), refuse;
+4. if the bundle holds GPU nodes the plan does not grant (an earlier injection of other or
+   more GPUs), refuse; else, if it already holds those device nodes, stop: injection is
+   idempotent (one guard, :func:`oci.already_injected`, in that order);
 5. stage the SONAME links in the actor rootfs (confined to it; idempotent on retry);
 6. write ``config.json`` atomically (temp file, fsync, rename), keeping its mode.
 
@@ -307,7 +308,8 @@ def inject_gpu(
         hook_binary=plans.hook_binary(options.toolkit_dir),
     )
     kept, skipped = plan.hook_subcommands, plan.skipped_hook_names
-    if oci.already_injected(config, plan):
+    # Refuses a bundle holding GPUs the plan does not grant, before calling it done.
+    if oci.already_injected(config, plan, where=_config_path(bundle)):
         bound.info("gpu_injection_skipped", reason="bundle already holds the GPU devices")
         return InjectionReport(
             bundle=bundle,
@@ -317,14 +319,6 @@ def inject_gpu(
             hooks_kept=kept,
             hooks_skipped=skipped,
             seconds=time.perf_counter() - started,
-        )
-    foreign = oci.foreign_gpu_nodes(config, plan)
-    if foreign:
-        raise exceptions.InjectionError(
-            f"while injecting GPUs into bundle {bundle}: config.json already holds"
-            f" {', '.join(foreign)}, which this injection does not grant"
-            f" ({', '.join(d.path for d in resolved)}); the bundle was injected before with"
-            " other GPUs — re-create it from the image"
         )
     for decision in plan.skipped_hooks:
         bound.info("cdi_hook_skipped", hook=decision.name, reason=decision.reason)
