@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,61 @@ def test_unreadable_config_is_a_clear_error(tmp_path, node_edits, options, conte
     """A broken config.json is refused with the file named."""
     (tmp_path / "config.json").write_bytes(content)
     with pytest.raises(exceptions.InjectionError, match=problem):
+        inject(tmp_path, node_edits, options)
+
+
+def test_deeply_nested_config_is_a_clear_error(tmp_path, node_edits, options):
+    """100,000 nested [ (msgspec's RecursionError) is an InjectionError naming the file."""
+    (tmp_path / "config.json").write_bytes(b"[" * 100_000)
+    with pytest.raises(exceptions.InjectionError, match=r"config.json .*nested too deeply"):
+        inject(tmp_path, node_edits, options)
+
+
+def _inject_in_a_thread(bundle: Path, edits, options) -> BaseException | None:
+    """Run inject; fail the test (instead of hanging it) when it does not return in 10 s."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            inject(bundle, edits, options)
+            outcome.append(None)
+        except BaseException as e:  # handed to the test
+            outcome.append(e)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert outcome, "inject_gpu did not return within 10 s"
+    return outcome[0]
+
+
+def test_fifo_config_is_refused_without_blocking(tmp_path, node_edits, options):
+    """A FIFO in place of config.json (nobody writing): refused at once, naming it."""
+    os.mkfifo(tmp_path / "config.json")
+    error = _inject_in_a_thread(tmp_path, node_edits, options)
+    assert isinstance(error, exceptions.InjectionError)
+    assert f"refusing {tmp_path}/config.json: it is not a regular file (a FIFO)" in str(error)
+
+
+def test_symlinked_config_is_refused_and_its_target_untouched(
+    tmp_path, actor_bundle, node_edits, options
+):
+    """config.json as a symlink (to a host file, say) is neither read nor rewritten."""
+    host_file = tmp_path / "host-config.json"
+    (actor_bundle / "config.json").rename(host_file)
+    before = host_file.read_bytes()
+    (actor_bundle / "config.json").symlink_to(host_file)
+    with pytest.raises(exceptions.InjectionError, match="it is a symbolic link"):
+        inject(actor_bundle, node_edits, options)
+    assert host_file.read_bytes() == before
+    assert (actor_bundle / "config.json").is_symlink()
+
+
+def test_oversized_config_is_refused(tmp_path, node_edits, options):
+    """A config.json over MAX_CONFIG_BYTES is refused before it is read."""
+    with (tmp_path / "config.json").open("wb") as f:
+        f.truncate(bundle_.MAX_CONFIG_BYTES + 1)  # sparse: no disk written
+    with pytest.raises(exceptions.InjectionError, match=r"bytes, over 16777216"):
         inject(tmp_path, node_edits, options)
 
 

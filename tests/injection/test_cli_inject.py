@@ -266,3 +266,13 @@ def test_reinjecting_the_same_gpus_is_already_injected(four_gpu_node, tmp_path, 
     assert main(inject_argv(sim, spec.source, bundle, *devices)) == 0
     assert capsys.readouterr().out.startswith(f"already-injected: {bundle}")
     assert (bundle / "config.json").read_bytes() == before
+
+
+def test_inject_deeply_nested_config_exits_1_with_one_line(gpu_node, node_spec, tmp_path, capsys):
+    """A config.json of 100,000 nested [ is one line on stderr and exit 1, no traceback."""
+    (tmp_path / "config.json").write_bytes(b"[" * 100_000)
+    assert main(inject_argv(gpu_node, node_spec.source, tmp_path)) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"{tmp_path}/config.json" in err
+    assert "nested too deeply" in err
