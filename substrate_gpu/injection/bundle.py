@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import os
+import posixpath
 import stat
 import threading
 import time
@@ -213,6 +214,7 @@ MAX_CONFIG_BYTES = 16 << 20
 
 #: Opening a bundle file: never through a symlink, never blocking on a FIFO or a device.
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+_DIR_OPEN_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 class _NotReadable(Exception):
@@ -316,6 +318,52 @@ def rootfs_of(bundle: Path, config: oci.OciConfig) -> Path:
     return bundle / path  # an absolute path replaces the bundle prefix
 
 
+def open_rootfs(bundle: Path, config: oci.OciConfig) -> int:
+    """An O_PATH descriptor of the bundle's rootfs, reached through real directories only.
+
+    ``root.path`` is walked one component at a time with ``O_NOFOLLOW`` (from the bundle
+    when relative, from ``/`` when absolute, as podman writes it): a symlink anywhere on
+    it is refused, or the SONAME links would land wherever it points, outside the bundle.
+    runc refuses such a rootfs too ("not an absolute path, or a symlink"). A relative path
+    must stay in the bundle (no leading ``..``). The bundle directory itself is the
+    agent's and is opened as given. The caller closes the descriptor.
+    """
+    path = rootfs_of(bundle, config)
+    root_path = str(config["root"]["path"])  # rootfs_of checked it is a non-empty string
+    where = f"while injecting GPUs into bundle {bundle}: rootfs {path}"
+    parts = [p for p in posixpath.normpath(root_path).split("/") if p]
+    if not root_path.startswith("/") and parts[:1] == [".."]:
+        raise exceptions.InjectionError(
+            f"{where}: root.path {root_path!r} leaves the bundle; give an absolute path"
+        )
+    fd = os.open("/" if root_path.startswith("/") else bundle, _DIR_OPEN_FLAGS)
+    try:
+        for name in parts:
+            try:
+                child = os.open(name, _DIR_OPEN_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as e:
+                problem = (
+                    f"{name!r} on its path is a symbolic link; the rootfs must be a real"
+                    " directory (runc refuses it too)"
+                    if _is_symlink(name, fd)
+                    else f"cannot open {name!r} on its path: {e.strerror or e}"
+                )
+                raise exceptions.InjectionError(f"{where}: {problem}") from e
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _is_symlink(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
+
+
 def encode_config(config: oci.OciConfig) -> bytes:
     """config.json bytes as we write them: compact, like containerd and runc write them.
 
@@ -381,7 +429,13 @@ def inject_gpu(
     links: staging.StagingReport | None = None
     if options.stage_soname_links and plan.libraries:
         rootfs = rootfs_of(bundle, config)
-        links = staging.stage_soname_links(rootfs, plan.libraries, cache=soname_cache, log=bound)
+        root_fd = open_rootfs(bundle, config)
+        try:
+            links = staging.stage_soname_links(
+                rootfs, plan.libraries, cache=soname_cache, log=bound, root_fd=root_fd
+            )
+        finally:
+            os.close(root_fd)
 
     new_config = oci.apply_plan(config, plan, in_place=True, for_encoding=True)
     path = _config_path(bundle)

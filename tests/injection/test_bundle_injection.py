@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import stat
 import sys
 import threading
@@ -101,6 +102,50 @@ def test_soname_links_are_staged_in_the_rootfs(actor_bundle, gpu_node, node_edit
     assert os.readlink(libdir / "libnvidia-nvvm.so.4") == "libnvidia-nvvm.so.580.65.06"
     # A library that is its own SONAME gets no link.
     assert not (libdir / "libnvidia-tls.so.580.65.06").is_symlink()
+
+
+def _set_root_path(bundle: Path, root_path: str) -> bytes:
+    config = json.loads((bundle / "config.json").read_text())
+    config["root"]["path"] = root_path
+    (bundle / "config.json").write_text(json.dumps(config))
+    return (bundle / "config.json").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("root_path", "problem"),
+    [
+        # The rootfs itself is a symlink to a directory outside the bundle.
+        pytest.param("rootfs", "'rootfs' on its path is a symbolic link", id="rootfs-link"),
+        # A directory on the way to it is one.
+        pytest.param("via/rootfs", "'via' on its path is a symbolic link", id="parent-link"),
+        # A relative path climbing out of the bundle.
+        pytest.param("../outside", "leaves the bundle", id="dot-dot"),
+    ],
+)
+def test_a_rootfs_reached_through_a_symlink_is_refused(
+    tmp_path, node_edits, options, root_path, problem
+):
+    """root.path through a symlink (or out of the bundle): refused; nothing written anywhere."""
+    bundle = bundles.make_bundle(tmp_path / "bundle", ["true"])
+    outside = tmp_path / "outside"
+    (outside / "rootfs").mkdir(parents=True)
+    shutil.rmtree(bundle / "rootfs")
+    (bundle / "rootfs").symlink_to(outside)
+    (bundle / "via").symlink_to(outside)
+    before = _set_root_path(bundle, root_path)
+    with pytest.raises(exceptions.InjectionError, match=problem):
+        inject(bundle, node_edits, options)
+    assert [p.name for p in outside.rglob("*")] == ["rootfs"]  # no SONAME link out there
+    assert (bundle / "config.json").read_bytes() == before
+
+
+def test_an_absolute_real_rootfs_is_used(tmp_path, gpu_node, node_edits, options):
+    """An absolute root.path (podman writes one) of real directories gets the links."""
+    bundle = bundles.make_bundle(tmp_path / "bundle", ["true"])
+    _set_root_path(bundle, str(bundle / "rootfs"))
+    assert inject(bundle, node_edits, options).outcome == "injected"
+    libdir = bundle / "rootfs" / str(gpu_node.lib64).lstrip("/")
+    assert os.readlink(libdir / "libcuda.so.1") == "libcuda.so.580.65.06"
 
 
 def test_edits_without_device_nodes_are_refused(actor_bundle, options):
