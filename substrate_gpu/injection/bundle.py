@@ -5,8 +5,9 @@ Order of work, chosen so that a failure anywhere leaves ``config.json`` untouche
 1. read and parse ``config.json``;
 2. resolve every device node on the host (a missing node fails here, before any write);
 3. plan the edits (pure, :mod:`substrate_gpu.injection.oci`);
-4. if the bundle already holds those device nodes, stop: injection is idempotent; if it
-   holds GPU nodes the plan does not grant (an earlier injection of other GPUs), refuse;
+4. if the bundle holds GPU nodes the plan does not grant (an earlier injection of other or
+   more GPUs), refuse; else, if it already holds those device nodes, stop: injection is
+   idempotent (one guard, :func:`oci.already_injected`, in that order);
 5. stage the SONAME links in the actor rootfs (confined to it; idempotent on retry);
 6. write ``config.json`` atomically (temp file, fsync, rename), keeping its mode.
 
@@ -17,7 +18,9 @@ The pod's pause/root container is never injected (it holds no GPU; runsc still n
 
 from __future__ import annotations
 
+import errno
 import os
+import posixpath
 import stat
 import threading
 import time
@@ -206,19 +209,65 @@ def read_config(bundle: Path) -> oci.OciConfig:
     return _read_config(bundle)[0]
 
 
+#: The largest config.json read (a real one is a few KiB; runc's own are under 100 KiB).
+MAX_CONFIG_BYTES = 16 << 20
+
+#: Opening a bundle file: never through a symlink, never blocking on a FIFO or a device.
+_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+_DIR_OPEN_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+class _NotReadable(Exception):
+    """A bundle file that is no regular file of bounded size (the message says which)."""
+
+
 def _read_bytes_and_mode(path: str) -> tuple[bytes, int]:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    """A bundle file's bytes and permission bits; :class:`_NotReadable` for a symlink, a
+    FIFO, a device, a directory or a file over :data:`MAX_CONFIG_BYTES` (a FIFO would
+    block the read for ever; a symlink could make us read, then rewrite, a host file)."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _NotReadable(
+                "it is a symbolic link; a bundle's config.json must be a file"
+            ) from e
+        raise
     try:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _NotReadable(
+                f"it is not a regular file ({_kind(st.st_mode)}); a bundle's config.json must be"
+                " a file"
+            )
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise _NotReadable(f"it is {st.st_size} bytes, over {MAX_CONFIG_BYTES}")
         # One read of the whole file as fstat sizes it (one byte more shows the end); a
         # huge fixed buffer would cost an mmap and munmap of its own on every read.
         chunks = [os.read(fd, st.st_size + 1)]
-        if len(chunks[0]) > st.st_size:  # it grew since fstat: read on to the end
-            while chunk := os.read(fd, 1 << 16):
+        size = len(chunks[0])
+        if size > st.st_size:  # it grew since fstat: read on to the end, bounded
+            while size <= MAX_CONFIG_BYTES and (chunk := os.read(fd, 1 << 16)):
                 chunks.append(chunk)
+                size += len(chunk)
+            if size > MAX_CONFIG_BYTES:
+                raise _NotReadable(f"it grew over {MAX_CONFIG_BYTES} bytes while being read")
     finally:
         os.close(fd)
     return b"".join(chunks), stat.S_IMODE(st.st_mode)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
 
 
 def _config_path(bundle: Path) -> str:
@@ -231,6 +280,10 @@ def _read_config(bundle: Path) -> tuple[oci.OciConfig, int]:
     path = _config_path(bundle)
     try:
         raw, mode = _read_bytes_and_mode(path)
+    except _NotReadable as e:
+        raise exceptions.InjectionError(
+            f"while injecting GPUs into bundle {bundle}: refusing {path}: {e}"
+        ) from e
     except OSError as e:
         raise exceptions.InjectionError(
             f"while injecting GPUs into bundle {bundle}: cannot read {path}: {e.strerror or e}"
@@ -240,6 +293,11 @@ def _read_config(bundle: Path) -> tuple[oci.OciConfig, int]:
     except msgspec.DecodeError as e:
         raise exceptions.InjectionError(
             f"while injecting GPUs into bundle {bundle}: {path} is not valid JSON: {e}"
+        ) from e
+    except RecursionError as e:  # msgspec's answer to thousands of nested [ or {
+        raise exceptions.InjectionError(
+            f"while injecting GPUs into bundle {bundle}: {path} is not a usable OCI config:"
+            " its JSON is nested too deeply"
         ) from e
     if not isinstance(config, dict):
         raise exceptions.InjectionError(
@@ -258,6 +316,52 @@ def rootfs_of(bundle: Path, config: oci.OciConfig) -> Path:
             f"while injecting GPUs into bundle {bundle}: config.json has no root.path"
         )
     return bundle / path  # an absolute path replaces the bundle prefix
+
+
+def open_rootfs(bundle: Path, config: oci.OciConfig) -> int:
+    """An O_PATH descriptor of the bundle's rootfs, reached through real directories only.
+
+    ``root.path`` is walked one component at a time with ``O_NOFOLLOW`` (from the bundle
+    when relative, from ``/`` when absolute, as podman writes it): a symlink anywhere on
+    it is refused, or the SONAME links would land wherever it points, outside the bundle.
+    runc refuses such a rootfs too ("not an absolute path, or a symlink"). A relative path
+    must stay in the bundle (no leading ``..``). The bundle directory itself is the
+    agent's and is opened as given. The caller closes the descriptor.
+    """
+    path = rootfs_of(bundle, config)
+    root_path = str(config["root"]["path"])  # rootfs_of checked it is a non-empty string
+    where = f"while injecting GPUs into bundle {bundle}: rootfs {path}"
+    parts = [p for p in posixpath.normpath(root_path).split("/") if p]
+    if not root_path.startswith("/") and parts[:1] == [".."]:
+        raise exceptions.InjectionError(
+            f"{where}: root.path {root_path!r} leaves the bundle; give an absolute path"
+        )
+    fd = os.open("/" if root_path.startswith("/") else bundle, _DIR_OPEN_FLAGS)
+    try:
+        for name in parts:
+            try:
+                child = os.open(name, _DIR_OPEN_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as e:
+                problem = (
+                    f"{name!r} on its path is a symbolic link; the rootfs must be a real"
+                    " directory (runc refuses it too)"
+                    if _is_symlink(name, fd)
+                    else f"cannot open {name!r} on its path: {e.strerror or e}"
+                )
+                raise exceptions.InjectionError(f"{where}: {problem}") from e
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _is_symlink(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
 
 
 def encode_config(config: oci.OciConfig) -> bytes:
@@ -307,7 +411,8 @@ def inject_gpu(
         hook_binary=plans.hook_binary(options.toolkit_dir),
     )
     kept, skipped = plan.hook_subcommands, plan.skipped_hook_names
-    if oci.already_injected(config, plan):
+    # Refuses a bundle holding GPUs the plan does not grant, before calling it done.
+    if oci.already_injected(config, plan, where=_config_path(bundle)):
         bound.info("gpu_injection_skipped", reason="bundle already holds the GPU devices")
         return InjectionReport(
             bundle=bundle,
@@ -318,21 +423,19 @@ def inject_gpu(
             hooks_skipped=skipped,
             seconds=time.perf_counter() - started,
         )
-    foreign = oci.foreign_gpu_nodes(config, plan)
-    if foreign:
-        raise exceptions.InjectionError(
-            f"while injecting GPUs into bundle {bundle}: config.json already holds"
-            f" {', '.join(foreign)}, which this injection does not grant"
-            f" ({', '.join(d.path for d in resolved)}); the bundle was injected before with"
-            " other GPUs — re-create it from the image"
-        )
     for decision in plan.skipped_hooks:
         bound.info("cdi_hook_skipped", hook=decision.name, reason=decision.reason)
 
     links: staging.StagingReport | None = None
     if options.stage_soname_links and plan.libraries:
         rootfs = rootfs_of(bundle, config)
-        links = staging.stage_soname_links(rootfs, plan.libraries, cache=soname_cache, log=bound)
+        root_fd = open_rootfs(bundle, config)
+        try:
+            links = staging.stage_soname_links(
+                rootfs, plan.libraries, cache=soname_cache, log=bound, root_fd=root_fd
+            )
+        finally:
+            os.close(root_fd)
 
     new_config = oci.apply_plan(config, plan, in_place=True, for_encoding=True)
     path = _config_path(bundle)

@@ -5,7 +5,9 @@ Ties the pieces together for the lifecycle pipeline (it satisfies
 once (:class:`~substrate_gpu.injection.toolkit.CdiSpecGenerator`) or given, its ``all``
 edits are computed once per spec, the SONAME cache is shared so later actors pay only a
 stat per library, and the blocking file work runs in a worker thread so the event loop
-keeps serving other actors.
+keeps serving other actors; that thread is abandoned when the effect times out or the
+agent closes (:mod:`substrate_gpu._blocking`), so a stuck read never holds an actor in
+``injecting`` nor the agent's shutdown.
 
 An actor may instead be given **named devices** (``nvidia.com/gpu=2``, a UUID name, the
 names a DRA claim carries): they resolve against the worker's spec plus the specs of the
@@ -20,9 +22,7 @@ import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-import anyio.to_thread
-
-from substrate_gpu import cdi
+from substrate_gpu import _blocking, cdi
 from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.rootfs import SonameCache
 
@@ -90,7 +90,9 @@ class WorkerGpuInjector:
         spec = self._spec if self._spec is not None else await self._ensure_generated()
         if not self.spec_dirs:
             return cdi.SpecSet([spec])
-        return await anyio.to_thread.run_sync(functools.partial(self._reader.read, extra=(spec,)))
+        return await _blocking.run_abandonable(
+            functools.partial(self._reader.read, extra=(spec,)), name="substrate-gpu cdi read"
+        )
 
     async def edits_for(self, devices: Sequence[str]) -> model.ContainerEdits:
         """The spec-level + named-device edits (a DeviceRequestError names what is wrong)."""
@@ -116,7 +118,8 @@ class WorkerGpuInjector:
     ) -> bundle_.InjectionReport:
         """Inject ``devices`` (qualified CDI names; ``None``: all GPUs) into ``bundle``."""
         edits = await self.edits() if devices is None else await self.edits_for(devices)
-        report = await anyio.to_thread.run_sync(
+        # Abandonable: a step stuck in the kernel must not outlive the effect's timeout.
+        report = await _blocking.run_abandonable(
             functools.partial(
                 bundle_.inject_gpu,
                 bundle,
@@ -124,7 +127,8 @@ class WorkerGpuInjector:
                 options=self.options,
                 soname_cache=self.soname_cache,
                 plan_cache=self.plan_cache,
-            )
+            ),
+            name="substrate-gpu inject",
         )
         self.last_report = report
         if self.metrics is not None and report.outcome == "injected":

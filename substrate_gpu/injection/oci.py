@@ -264,12 +264,15 @@ def _existing_device_paths(config: OciConfig) -> set[str]:
     return {str(d.get("path")) for d in devices if isinstance(d, dict)}
 
 
-def already_injected(config: OciConfig, plan: InjectionPlan) -> bool:
+def already_injected(config: OciConfig, plan: InjectionPlan, *, where: str = "config.json") -> bool:
     """True when the bundle already holds every device node the plan would add.
 
     The node agent re-unpacks bundles before each run/restore, but that invariant lives
-    elsewhere; this guard keeps a second injection from doubling anything.
+    elsewhere; this guard keeps a second injection from doubling anything. It refuses
+    first (:func:`refuse_foreign_gpus`): a bundle holding GPUs the plan does not grant
+    is not "already injected" with a subset of them, it is another actor's bundle.
     """
+    refuse_foreign_gpus(config, plan, where=where)
     return bool(plan.devices) and plan.device_paths <= _existing_device_paths(config)
 
 
@@ -362,6 +365,22 @@ def foreign_gpu_nodes(config: OciConfig, plan: InjectionPlan) -> list[str]:
     return sorted(p for p in existing if _GPU_NODE.fullmatch(p) and p not in granted)
 
 
+def refuse_foreign_gpus(
+    config: OciConfig, plan: InjectionPlan, *, where: str = "config.json"
+) -> None:
+    """Raise :class:`~substrate_gpu.exceptions.InjectionError` when the bundle holds GPU
+    nodes ``plan`` does not grant: it was injected before with other GPUs, and neither
+    adding these nor calling it done may hand an actor GPUs it was not given. ``where``
+    names the config in the message."""
+    foreign = foreign_gpu_nodes(config, plan)
+    if foreign:
+        raise exceptions.InjectionError(
+            f"while injecting GPUs: {where} already holds {', '.join(foreign)}, which this"
+            f" injection does not grant ({', '.join(d.path for d in plan.devices)}); the bundle"
+            " was injected before with other or more GPUs — re-create it from the image"
+        )
+
+
 def _mount_entry(mount: model.Mount) -> oci_bodies.Mount:
     return {
         "destination": mount.container_path,
@@ -420,13 +439,7 @@ def apply_plan(
     :class:`~substrate_gpu.exceptions.InjectionError` when the config has the wrong shape
     where we must write, or holds GPU nodes the plan does not grant.
     """
-    foreign = foreign_gpu_nodes(config, plan)
-    if foreign:
-        raise exceptions.InjectionError(
-            f"while injecting GPUs: config.json already holds {', '.join(foreign)}, which this"
-            f" injection does not grant ({', '.join(d.path for d in plan.devices)}); the bundle"
-            " was injected before with other GPUs — re-create it from the image"
-        )
+    refuse_foreign_gpus(config, plan)
     ready = plan.ready if for_encoding else None
     if for_encoding and not in_place:
         raise ValueError("for_encoding=True edits the config in place: pass in_place=True")

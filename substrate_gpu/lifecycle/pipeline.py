@@ -18,7 +18,9 @@ How an event flows (one actor's events strictly in order, actors concurrently):
    other event; a follow-up effect (create → start) continues on the same worker and slot.
 
 A hung effect holds one worker and one slot until its timeout, then the actor goes to
-``failed`` with the reason; the other workers keep serving other actors. Cancellation
+``failed`` with the reason; the other workers keep serving other actors. An effect's
+blocking steps must be abandonable for this to hold (a thread anyio waits for is not:
+the injector runs its file work through :mod:`substrate_gpu._blocking`). Cancellation
 (the agent closing) cancels running effects: the actor stays in its in-flight state, which
 is what recovery reconciles from the event log.
 """

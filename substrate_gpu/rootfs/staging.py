@@ -430,8 +430,25 @@ def _open_directory(
     return fd
 
 
+def _open_rootfs(rootfs: Path) -> int:
+    """``rootfs`` as an O_PATH descriptor; a symlink there is refused, not followed (its
+    links would land wherever it points)."""
+    try:
+        return os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        problem = (
+            "it is a symbolic link; the rootfs must be a real directory"
+            if rootfs.is_symlink()
+            else str(e)
+        )
+        raise InjectionError(f"while staging SONAME links in rootfs {rootfs}: {problem}") from e
+
+
 def _write_links(
-    rootfs: Path, planned: Sequence[PlannedLink], groups: Sequence[_Group]
+    rootfs: Path,
+    planned: Sequence[PlannedLink],
+    groups: Sequence[_Group],
+    given_root_fd: int | None = None,
 ) -> list[_Written]:
     """Create the links (``groups``: ``planned`` by directory), one directory resolution
     per directory.
@@ -442,10 +459,7 @@ def _write_links(
     written: list[_Written | None] = [None] * len(planned)
     opened: dict[str, int] = {}
     new: set[str] = set()
-    try:
-        root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as e:
-        raise InjectionError(f"while staging SONAME links in rootfs {rootfs}: {e}") from e
+    root_fd = _open_rootfs(rootfs) if given_root_fd is None else os.dup(given_root_fd)
     directory = "/"
     try:
         for directory, links in groups:  # a parent before its children
@@ -480,6 +494,7 @@ def stage_soname_links(
     *,
     cache: SonameCache,
     log: StagingLog | None = None,
+    root_fd: int | None = None,
 ) -> StagingReport:
     """Create the SONAME links ``ldconfig -n`` would create for mounted libraries.
 
@@ -488,6 +503,10 @@ def stage_soname_links(
     "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06")``. Every write is confined to
     ``rootfs``. Idempotent: a second call reports every link as existing.
 
+    ``rootfs`` must be a real directory, not a symlink. ``root_fd``: an O_PATH descriptor
+    of it that the caller opened already (the injector, which refuses a symlink anywhere
+    on ``root.path``; the caller keeps and closes it), used instead of opening ``rootfs``.
+
     Raises :class:`~substrate_gpu.exceptions.InjectionError` only for I/O failures in the
     rootfs (read-only, full); bad libraries and hostile paths are skipped and reported.
     """
@@ -495,7 +514,7 @@ def stage_soname_links(
     batch = _plan_memo.batch(libraries)
     plan = _plan_memo.plan(batch, cache.lookup_many(batch.wanted))
     planned, skipped, staged_links = plan.planned, list(plan.skipped), plan.staged
-    written = _write_links(rootfs, planned, plan.groups)
+    written = _write_links(rootfs, planned, plan.groups, root_fd)
 
     created: list[StagedLink] = []
     replaced: list[StagedLink] = []

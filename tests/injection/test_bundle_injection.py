@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import stat
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -102,6 +104,50 @@ def test_soname_links_are_staged_in_the_rootfs(actor_bundle, gpu_node, node_edit
     assert not (libdir / "libnvidia-tls.so.580.65.06").is_symlink()
 
 
+def _set_root_path(bundle: Path, root_path: str) -> bytes:
+    config = json.loads((bundle / "config.json").read_text())
+    config["root"]["path"] = root_path
+    (bundle / "config.json").write_text(json.dumps(config))
+    return (bundle / "config.json").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("root_path", "problem"),
+    [
+        # The rootfs itself is a symlink to a directory outside the bundle.
+        pytest.param("rootfs", "'rootfs' on its path is a symbolic link", id="rootfs-link"),
+        # A directory on the way to it is one.
+        pytest.param("via/rootfs", "'via' on its path is a symbolic link", id="parent-link"),
+        # A relative path climbing out of the bundle.
+        pytest.param("../outside", "leaves the bundle", id="dot-dot"),
+    ],
+)
+def test_a_rootfs_reached_through_a_symlink_is_refused(
+    tmp_path, node_edits, options, root_path, problem
+):
+    """root.path through a symlink (or out of the bundle): refused; nothing written anywhere."""
+    bundle = bundles.make_bundle(tmp_path / "bundle", ["true"])
+    outside = tmp_path / "outside"
+    (outside / "rootfs").mkdir(parents=True)
+    shutil.rmtree(bundle / "rootfs")
+    (bundle / "rootfs").symlink_to(outside)
+    (bundle / "via").symlink_to(outside)
+    before = _set_root_path(bundle, root_path)
+    with pytest.raises(exceptions.InjectionError, match=problem):
+        inject(bundle, node_edits, options)
+    assert [p.name for p in outside.rglob("*")] == ["rootfs"]  # no SONAME link out there
+    assert (bundle / "config.json").read_bytes() == before
+
+
+def test_an_absolute_real_rootfs_is_used(tmp_path, gpu_node, node_edits, options):
+    """An absolute root.path (podman writes one) of real directories gets the links."""
+    bundle = bundles.make_bundle(tmp_path / "bundle", ["true"])
+    _set_root_path(bundle, str(bundle / "rootfs"))
+    assert inject(bundle, node_edits, options).outcome == "injected"
+    libdir = bundle / "rootfs" / str(gpu_node.lib64).lstrip("/")
+    assert os.readlink(libdir / "libcuda.so.1") == "libcuda.so.580.65.06"
+
+
 def test_edits_without_device_nodes_are_refused(actor_bundle, options):
     """Edits that resolve no device node are an error, not a silent no-op."""
     with pytest.raises(exceptions.InjectionError, match="no device node"):
@@ -119,6 +165,61 @@ def test_unreadable_config_is_a_clear_error(tmp_path, node_edits, options, conte
     """A broken config.json is refused with the file named."""
     (tmp_path / "config.json").write_bytes(content)
     with pytest.raises(exceptions.InjectionError, match=problem):
+        inject(tmp_path, node_edits, options)
+
+
+def test_deeply_nested_config_is_a_clear_error(tmp_path, node_edits, options):
+    """100,000 nested [ (msgspec's RecursionError) is an InjectionError naming the file."""
+    (tmp_path / "config.json").write_bytes(b"[" * 100_000)
+    with pytest.raises(exceptions.InjectionError, match=r"config.json .*nested too deeply"):
+        inject(tmp_path, node_edits, options)
+
+
+def _inject_in_a_thread(bundle: Path, edits, options) -> BaseException | None:
+    """Run inject; fail the test (instead of hanging it) when it does not return in 10 s."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            inject(bundle, edits, options)
+            outcome.append(None)
+        except BaseException as e:  # handed to the test
+            outcome.append(e)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert outcome, "inject_gpu did not return within 10 s"
+    return outcome[0]
+
+
+def test_fifo_config_is_refused_without_blocking(tmp_path, node_edits, options):
+    """A FIFO in place of config.json (nobody writing): refused at once, naming it."""
+    os.mkfifo(tmp_path / "config.json")
+    error = _inject_in_a_thread(tmp_path, node_edits, options)
+    assert isinstance(error, exceptions.InjectionError)
+    assert f"refusing {tmp_path}/config.json: it is not a regular file (a FIFO)" in str(error)
+
+
+def test_symlinked_config_is_refused_and_its_target_untouched(
+    tmp_path, actor_bundle, node_edits, options
+):
+    """config.json as a symlink (to a host file, say) is neither read nor rewritten."""
+    host_file = tmp_path / "host-config.json"
+    (actor_bundle / "config.json").rename(host_file)
+    before = host_file.read_bytes()
+    (actor_bundle / "config.json").symlink_to(host_file)
+    with pytest.raises(exceptions.InjectionError, match="it is a symbolic link"):
+        inject(actor_bundle, node_edits, options)
+    assert host_file.read_bytes() == before
+    assert (actor_bundle / "config.json").is_symlink()
+
+
+def test_oversized_config_is_refused(tmp_path, node_edits, options):
+    """A config.json over MAX_CONFIG_BYTES is refused before it is read."""
+    with (tmp_path / "config.json").open("wb") as f:
+        f.truncate(bundle_.MAX_CONFIG_BYTES + 1)  # sparse: no disk written
+    with pytest.raises(exceptions.InjectionError, match=r"bytes, over 16777216"):
         inject(tmp_path, node_edits, options)
 
 

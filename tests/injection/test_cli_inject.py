@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from support.gpu_nodes import generate_spec
 
 from substrate_gpu.cli import _inject, main
 from substrate_gpu.testing import bundles
+from substrate_gpu.testing import node as node_
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "cdi"
 T4 = DATA / "real-world" / "kwx4957-study__ctk-1.20.0__drv-615.71.09__rocky9-T4.yaml"
@@ -209,3 +211,68 @@ def test_the_simulated_nodes_knob_is_in_the_help_and_the_docs(capsys):
     assert _inject.STANDIN_SYSTEM_ROOT_ENV in capsys.readouterr().out.replace("\n", " ")
     guide = (Path(__file__).resolve().parents[2] / "docs" / "gpu-injection.md").read_text()
     assert f"{_inject.STANDIN_SYSTEM_ROOT_ENV}=$PWD/node" in guide  # run by tests/docs
+
+
+@pytest.fixture(scope="module")
+def four_gpu_node(tmp_path_factory):
+    """A 4-GPU simulated node and its generated spec."""
+    sim = node_.build_node(tmp_path_factory.mktemp("four") / "root", gpus=(0, 1, 2, 3))
+    return sim, generate_spec(sim, tmp_path_factory.mktemp("four-cdi"))
+
+
+def _gpu_paths(bundle: Path) -> list[str]:
+    devices = json.loads((bundle / "config.json").read_text())["linux"]["devices"]
+    return sorted(d["path"] for d in devices if d["path"][len("/dev/nvidia") :].isdigit())
+
+
+@pytest.mark.parametrize(
+    ("first", "again"),
+    [
+        # The subset case: GPU 3 must not stay granted behind an "already-injected".
+        pytest.param(
+            ["nvidia.com/gpu=1", "nvidia.com/gpu=3"], ["nvidia.com/gpu=1"], id="1+3-then-1"
+        ),
+        # An `all` bundle is not "already injected" with two of its GPUs.
+        pytest.param([], ["nvidia.com/gpu=0", "nvidia.com/gpu=1"], id="all-then-0+1"),
+    ],
+)
+def test_reinjecting_a_subset_is_refused(four_gpu_node, tmp_path, capsys, first, again):
+    """A bundle holding more GPUs than the new request grants: exit 1 naming them, no write."""
+    sim, spec = four_gpu_node
+    bundle = bundles.make_bundle(tmp_path / "b", ["true"])
+    devices = [arg for name in first for arg in ("--device", name)]
+    assert main(inject_argv(sim, spec.source, bundle, *devices)) == 0
+    held = _gpu_paths(bundle)
+    before = (bundle / "config.json").read_bytes()
+    capsys.readouterr()
+    devices = [arg for name in again for arg in ("--device", name)]
+    assert main(inject_argv(sim, spec.source, bundle, *devices)) == 1
+    out, err = capsys.readouterr()
+    assert "already-injected" not in out
+    extra = sorted(set(held) - {f"/dev/nvidia{name[-1]}" for name in again})
+    assert f"already holds {', '.join(extra)}, which this injection does not grant" in err
+    assert len(err.strip().splitlines()) == 1
+    assert (bundle / "config.json").read_bytes() == before
+
+
+def test_reinjecting_the_same_gpus_is_already_injected(four_gpu_node, tmp_path, capsys):
+    """The same two GPUs again: already-injected, nothing written."""
+    sim, spec = four_gpu_node
+    bundle = bundles.make_bundle(tmp_path / "b", ["true"])
+    devices = ("--device", "nvidia.com/gpu=1", "--device", "nvidia.com/gpu=3")
+    assert main(inject_argv(sim, spec.source, bundle, *devices)) == 0
+    before = (bundle / "config.json").read_bytes()
+    capsys.readouterr()
+    assert main(inject_argv(sim, spec.source, bundle, *devices)) == 0
+    assert capsys.readouterr().out.startswith(f"already-injected: {bundle}")
+    assert (bundle / "config.json").read_bytes() == before
+
+
+def test_inject_deeply_nested_config_exits_1_with_one_line(gpu_node, node_spec, tmp_path, capsys):
+    """A config.json of 100,000 nested [ is one line on stderr and exit 1, no traceback."""
+    (tmp_path / "config.json").write_bytes(b"[" * 100_000)
+    assert main(inject_argv(gpu_node, node_spec.source, tmp_path)) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"{tmp_path}/config.json" in err
+    assert "nested too deeply" in err

@@ -266,6 +266,19 @@ def test_already_injected_when_bundle_holds_the_devices():
     assert oci.already_injected(oci.apply_plan(base_config(), plan()), plan())
 
 
+def test_already_injected_refuses_a_bundle_holding_more_gpus():
+    """A bundle holding GPUs 0 and 3, planned for GPU 0 alone: refused, not "already done"."""
+    nvidia3 = ResolvedDevice("/dev/nvidia3", "/dev/nvidia3", "c", 195, 3, "rwm", 0o666)
+    both = model.ContainerEdits(
+        device_nodes=(*EDITS.device_nodes, model.DeviceNode("/dev/nvidia3"))
+    )
+    config = oci.apply_plan(base_config(), plan(both, (NVIDIA0, NVIDIACTL, nvidia3)))
+    with pytest.raises(
+        exceptions.InjectionError, match=r"x/config.json already holds /dev/nvidia3, which"
+    ):
+        oci.already_injected(config, plan(), where="x/config.json")
+
+
 def test_additional_gids_are_added_once():
     """additionalGids from the spec reach process.user without duplicates."""
     edits = model.ContainerEdits(device_nodes=EDITS.device_nodes, additional_gids=(39, 44))

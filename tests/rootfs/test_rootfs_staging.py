@@ -366,6 +366,19 @@ def test_unusable_rootfs_raises_injection_error(tmp_path: Path) -> None:
         _stage(not_a_dir, [library])
 
 
+def test_a_rootfs_that_is_a_symlink_is_refused_not_followed(tmp_path: Path) -> None:
+    """rootfs -> a directory elsewhere: InjectionError, and nothing is written where it points."""
+    host = tmp_path / "host"
+    host.mkdir()
+    library = elflibs.build_shared_library(host, "libcuda.so.580.65.06", "libcuda.so.1")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "rootfs").symlink_to(elsewhere)
+    with pytest.raises(InjectionError, match="rootfs .* is a symbolic link"):
+        _stage(tmp_path / "rootfs", [library])
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_given_logger_is_used(tmp_path: Path) -> None:
     """A bound logger passed in receives the events (with its bound context)."""
     host = tmp_path / "host"
