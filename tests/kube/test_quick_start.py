@@ -51,10 +51,12 @@ def test_the_quick_start_runs_as_written(kube_bin: Path, tmp_path: Path) -> None
     assert lines[-1] == "stopped 2 process(es)"
     pool = yaml.safe_load("\n".join(lines[first + 1 : second]))
     deployment = yaml.safe_load("\n".join(lines[second + 1 : -1]))
+    # The pool as written, plus the one default the CRD's schema fills in.
     assert pool["spec"] == {
         "nodeSelector": {"accelerator": "nvidia-gpu"},
         "resourceRequests": {"nvidia.com/gpu": "1"},
         "maxWorkers": 10,
+        "sandboxClass": "gvisor",
     }
     ready = {c["type"]: c["status"] for c in pool["status"]["conditions"]}
     assert ready == {"Ready": "True", "Rejected": "False"}
