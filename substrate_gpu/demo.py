@@ -151,8 +151,9 @@ class CpuOnGvisor(driver.RunscDriver):
     ``--nvproxy`` (a CPU actor) runs in real gVisor; GPU sandboxes go to the stand-in this
     driver was built for. Every later command follows the sandbox to where it lives.
 
-    ``features()`` and the driver list are the stand-in's (they serve the GPU paths), so a
-    CPU checkpoint's manifest names the stand-in's version: a demo-only limit."""
+    ``features()`` and the driver list are the stand-in's (they serve the GPU paths);
+    ``sandbox_features`` answers for the runsc a sandbox lives in, so a CPU checkpoint's
+    manifest records the real build's version and a GPU one the stand-in's."""
 
     def __init__(self, standin: driver.RunscConfig, gvisor: driver.RunscConfig) -> None:
         super().__init__(standin)
@@ -173,6 +174,11 @@ class CpuOnGvisor(driver.RunscDriver):
             return await super().restore(container_id, bundle, image_path, nvproxy=True)
         self.in_gvisor.add(container_id)
         return await self.gvisor.restore(container_id, bundle, image_path, nvproxy=False)
+
+    async def sandbox_features(self, container_id: str) -> runsc.RunscFeatures:
+        if container_id in self.in_gvisor:
+            return await self.gvisor.features()
+        return await self.features()
 
     async def start(self, container_id: str) -> None:
         if container_id in self.in_gvisor:
