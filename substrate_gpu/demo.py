@@ -584,8 +584,16 @@ async def run_demo_async(workdir: Path, out: TextIO, keep_log_as: Path | None = 
 
 def main(workdir: Path | None, out: TextIO) -> DemoResult:
     """Run in ``workdir`` (everything kept) or a temporary directory (removed afterwards,
-    except the event log, copied next to it so ``replay`` can read it)."""
+    except the event log, copied next to it so ``replay`` can read it).
+
+    ``workdir`` must be empty or absent: a previous run's node, event log and checkpoints
+    would be mixed into this one (its log already holds the demo's actors)."""
     if workdir is not None:
+        if workdir.is_dir() and any(workdir.iterdir()):
+            raise exceptions.ConfigError(
+                f"while starting the demo in {workdir}: the directory is not empty (a previous "
+                "run's files?); give a new or empty --workdir, or remove this one"
+            )
         workdir.mkdir(parents=True, exist_ok=True)
         workdir = workdir.resolve()
         try:
