@@ -42,6 +42,9 @@ class InMemoryRuntime:
         cuda_checkpoint_path: Path | None = None,
     ) -> None:
         print(f"  runtime: checkpoint {container_id} -> {image_path.name}")
+        # As runsc does: it creates the image directory (the agent writes its manifest there).
+        image_path.mkdir(parents=True)
+        (image_path / "checkpoint.img").write_text(container_id)
 
     async def restore(
         self, container_id: str, bundle: Path, image_path: Path, *, nvproxy: bool

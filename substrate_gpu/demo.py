@@ -151,8 +151,9 @@ class CpuOnGvisor(driver.RunscDriver):
     ``--nvproxy`` (a CPU actor) runs in real gVisor; GPU sandboxes go to the stand-in this
     driver was built for. Every later command follows the sandbox to where it lives.
 
-    ``features()`` and the driver list are the stand-in's (they serve the GPU paths), so a
-    CPU checkpoint's manifest names the stand-in's version: a demo-only limit."""
+    ``features()`` and the driver list are the stand-in's (they serve the GPU paths);
+    ``sandbox_features`` answers for the runsc a sandbox lives in, so a CPU checkpoint's
+    manifest records the real build's version and a GPU one the stand-in's."""
 
     def __init__(self, standin: driver.RunscConfig, gvisor: driver.RunscConfig) -> None:
         super().__init__(standin)
@@ -173,6 +174,11 @@ class CpuOnGvisor(driver.RunscDriver):
             return await super().restore(container_id, bundle, image_path, nvproxy=True)
         self.in_gvisor.add(container_id)
         return await self.gvisor.restore(container_id, bundle, image_path, nvproxy=False)
+
+    async def sandbox_features(self, container_id: str) -> runsc.RunscFeatures:
+        if container_id in self.in_gvisor:
+            return await self.gvisor.features()
+        return await self.features()
 
     async def start(self, container_id: str) -> None:
         if container_id in self.in_gvisor:
@@ -578,8 +584,16 @@ async def run_demo_async(workdir: Path, out: TextIO, keep_log_as: Path | None = 
 
 def main(workdir: Path | None, out: TextIO) -> DemoResult:
     """Run in ``workdir`` (everything kept) or a temporary directory (removed afterwards,
-    except the event log, copied next to it so ``replay`` can read it)."""
+    except the event log, copied next to it so ``replay`` can read it).
+
+    ``workdir`` must be empty or absent: a previous run's node, event log and checkpoints
+    would be mixed into this one (its log already holds the demo's actors)."""
     if workdir is not None:
+        if workdir.is_dir() and any(workdir.iterdir()):
+            raise exceptions.ConfigError(
+                f"while starting the demo in {workdir}: the directory is not empty (a previous "
+                "run's files?); give a new or empty --workdir, or remove this one"
+            )
         workdir.mkdir(parents=True, exist_ok=True)
         workdir = workdir.resolve()
         try:

@@ -3,11 +3,13 @@
 Benchmarks are run on demand (tests/bench/README.md), so nothing else notices when one stops
 running. Scripts are discovered by glob: a new benchmark is covered the day it lands, and
 must have a ``--smoke`` mode (tiny sizes, seconds, no timing judged). Timings are never
-asserted here, only that the script runs to the end and prints its figures.
+asserted here, only that the script runs to the end and prints its figures. A module whose
+name starts with ``_`` is code the scripts share (``_targets.py``), not a benchmark.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -17,14 +19,15 @@ import pytest
 
 BENCH = Path(__file__).resolve().parent / "bench"
 REPO = BENCH.parents[1]
+SCRIPTS = sorted(p for p in BENCH.glob("*.py") if not p.name.startswith("_"))
 
 
 def test_benchmarks_are_discovered():
     """The glob finds the benchmark scripts (an empty parametrisation would test nothing)."""
-    assert {p.name for p in BENCH.glob("*.py")} >= {"bench_injection.py", "bench_sonames.py"}
+    assert {p.name for p in SCRIPTS} >= {"bench_injection.py", "bench_sonames.py"}
 
 
-@pytest.fixture(scope="module", params=sorted(BENCH.glob("*.py")), ids=lambda p: p.name)
+@pytest.fixture(scope="module", params=SCRIPTS, ids=lambda p: p.name)
 def smoke_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """``<script> --smoke``, run once per script (its checks share the run)."""
     script: Path = request.param
@@ -61,3 +64,50 @@ def test_benchmark_smoke_prints_no_warnings(smoke_run: subprocess.CompletedProce
     unlike the tool it replaces shows up here: bench_lifecycle's runtime once wrote no image
     directory, and every checkpoint warned that it had no manifest)."""
     assert _warnings(smoke_run.stdout + smoke_run.stderr) == []
+
+
+def _bench_module(name: str, monkeypatch: pytest.MonkeyPatch) -> object:
+    """A script of tests/bench imported as its own run would see it (its folder on the path)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    return importlib.import_module(name)
+
+
+def test_a_missed_target_is_printed_beside_its_figure_and_fails_the_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """_targets: each verdict says met or MISSED; one miss makes the exit status 1."""
+    targets = _bench_module("_targets", monkeypatch).Targets(smoke=False)  # type: ignore[attr-defined]
+    assert targets.judge("warm ≤ 1 ms", True) == "warm ≤ 1 ms: met"
+    assert targets.judge("cold ≤ 3×", False) == "cold ≤ 3×: MISSED"
+    assert targets.exit_status() == 1
+    assert "1 MISSED: cold ≤ 3×" in capsys.readouterr().out
+
+
+def test_a_smoke_run_judges_no_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--smoke sizes are too small to judge: not judged, exit status 0."""
+    targets = _bench_module("_targets", monkeypatch).Targets(smoke=True)  # type: ignore[attr-defined]
+    assert targets.judge("warm ≤ 1 ms", False) == "warm ≤ 1 ms: not judged (--smoke)"
+    assert targets.exit_status() == 0
+
+
+@pytest.mark.parametrize(
+    ("agent_ms", "missed"),
+    [
+        pytest.param(105.0, [], id="5ms-5%-met"),
+        # 15 ms is within 20 ms but 15 % is over 10 %: the target is "and", not "or".
+        pytest.param(115.0, ["create→running ≤ 10 %"], id="15ms-15%-missed"),
+        pytest.param(130.0, ["create→running ≤ 10 %", "create→running ≤ 20 ms"], id="30ms-30%"),
+    ],
+)
+def test_bench_runsc_judges_both_overhead_bounds(
+    monkeypatch: pytest.MonkeyPatch, agent_ms: float, missed: list[str]
+) -> None:
+    """bench_runsc: the agent's overhead must be ≤ 10 % and ≤ 20 ms; each bound is judged."""
+    bench_runsc = _bench_module("bench_runsc", monkeypatch)
+    targets = _bench_module("_targets", monkeypatch).Targets(smoke=False)  # type: ignore[attr-defined]
+    # create→running as given; checkpoint and restore 1 s with 5 ms of overhead (both met).
+    agent = [[agent_ms / 1000, 1.005, 1.005]]
+    direct = [[0.100, 1.0, 1.0]]
+    bench_runsc.report(agent, direct, targets)  # type: ignore[attr-defined]
+    assert targets.missed == missed
+    assert targets.exit_status() == (1 if missed else 0)

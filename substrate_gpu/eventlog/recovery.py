@@ -53,6 +53,7 @@ of their in-flight states, and the others are reconciled again.
 from __future__ import annotations
 
 import contextlib
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,14 +133,18 @@ class Recovery:
 
 
 def image_is_whole(image: Path) -> bool:
-    """The default completeness test of a checkpoint image: a non-empty ``checkpoint.img``.
+    """The default completeness test of a checkpoint image: ``checkpoint.img`` is a non-empty
+    regular file (not a link, not a directory).
 
-    runsc writes no completion marker; this is only trusted once the sandbox is gone.
+    runsc writes no completion marker; this is only trusted once the sandbox is gone. A
+    failed checkpoint can leave an empty ``checkpoint.img`` behind (runsc creates it with
+    ``O_EXCL`` before writing), which is not an image.
     """
     try:
-        return (image / "checkpoint.img").stat().st_size > 0
+        st = (image / "checkpoint.img").lstat()
     except OSError:
         return False
+    return stat.S_ISREG(st.st_mode) and st.st_size > 0
 
 
 def decide(

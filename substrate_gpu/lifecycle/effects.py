@@ -15,7 +15,9 @@ Decisions worth knowing:
   observed by the node agent) with a route to suspend them give ``live_context_found``
   (the machine picks the next state from its route); without a route, ``checkpoint_refused``
   (a refusal, not an attempt); none, ``no_live_context``.
-- Checkpoint asks ``runtime.features()`` and passes ``leave_running=True`` when supported,
+- Checkpoint asks ``runtime.features()`` (or, for a runtime running sandboxes under more
+  than one runsc, ``sandbox_features(id)``: the version its manifest records is the one
+  that wrote the image) and passes ``leave_running=True`` when supported,
   so a failed checkpoint does not kill the sandbox; on runsc's route it passes
   ``--cuda-checkpoint-path``. If runsc still reports live nvproxy clients (the probe raced
   a new context) the outcome is ``checkpoint_refused`` and whether the sandbox survived is
@@ -280,6 +282,14 @@ def _write_manifest(
         _log.warning("checkpoint has no manifest", image=str(image), reason=str(e))
 
 
+async def _features_of(runtime: runsc.SandboxRuntime, container_id: str) -> runsc.RunscFeatures:
+    """What the runsc hosting ``container_id`` supports (the runtime's, unless it runs
+    sandboxes under more than one runsc build)."""
+    if isinstance(runtime, runsc.PerSandboxFeatures):
+        return await runtime.sandbox_features(container_id)
+    return await runtime.features()
+
+
 async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
     """Checkpoint and stop the sandbox (via runsc's cuda-checkpoint on that route)."""
     actor_id = actor.actor_id
@@ -288,7 +298,7 @@ async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) 
         if ctx.gpu is not None and actor.suspend_route == events.ROUTE_RUNSC
         else None
     )
-    features = await ctx.runtime.features()
+    features = await _features_of(ctx.runtime, actor_id)
     image = ctx.checkpoint_root / actor_id / str(event.seq)
     try:
         await ctx.runtime.checkpoint(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from substrate_gpu import _process, exceptions
 
@@ -142,6 +142,21 @@ class SandboxRuntime(Protocol):
 
     async def delete(self, container_id: str, *, force: bool = False) -> None:
         """``runsc --root R delete [--force] ID``."""
+        ...
+
+
+@runtime_checkable
+class PerSandboxFeatures(Protocol):
+    """A runtime whose sandboxes do not all run under the same runsc build (the demo's
+    CPU actors in real gVisor beside GPU actors on the stand-in, ``substrate_gpu.demo``).
+
+    Optional: the lifecycle asks it, when the runtime has it, what the runsc hosting one
+    sandbox supports, for that sandbox's checkpoint (``--leave-running``, the runsc version
+    its manifest records); otherwise :meth:`SandboxRuntime.features` answers for all.
+    """
+
+    async def sandbox_features(self, container_id: str) -> RunscFeatures:
+        """What the runsc that runs ``container_id`` supports."""
         ...
 
 

@@ -23,6 +23,8 @@ import sys
 import time
 from collections.abc import Callable
 
+import _targets
+
 from substrate_gpu.lifecycle import allocation
 
 TARGET_US = 50.0
@@ -84,16 +86,14 @@ def main() -> int:
         "cycle (decide+hold+release)": _per_call_us(cycle, rounds),
     }
     floor = _per_call_us(baseline, rounds)
+    targets = _targets.Targets(smoke=args.smoke)
     print(f"GPU allocator, {args.gpus} GPUs, {len(taken)} held, best of 5 x {rounds} rounds")
     for label, us in figures.items():
-        print(f"  {label:30} {us:7.2f} µs   baseline {floor:5.2f} µs  ({us / floor:4.1f}x)")
-    if args.smoke:
-        print("smoke run: no target checked")
-        return 0
-    worst = max(figures.values())
-    verdict = "ok" if worst <= TARGET_US else "MISSED"
-    print(f"target: every decision <= {TARGET_US:.0f} µs: worst {worst:.2f} µs: {verdict}")
-    return 0 if worst <= TARGET_US else 1
+        verdict = targets.judge(f"{label} ≤ {TARGET_US:.0f} µs", us <= TARGET_US)
+        print(
+            f"  {label:30} {us:7.2f} µs   baseline {floor:5.2f} µs  ({us / floor:4.1f}x)   {verdict}"
+        )
+    return targets.exit_status()
 
 
 if __name__ == "__main__":

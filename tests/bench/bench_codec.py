@@ -52,6 +52,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))  # tests/, for lifecycle.*
 sys.path.insert(0, str(HERE))
 
+import _targets  # noqa: E402
 import bench_eventlog  # noqa: E402
 
 from substrate_gpu.eventlog import read_log, replay  # noqa: E402
@@ -319,7 +320,7 @@ def _per_line(fn: Callable[[bytes], object], lines: list[bytes], repeat: int) ->
     return _timed(all_lines, repeat)[0] / len(lines)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", type=Path, default=Path("/var/tmp"), help="where the log goes")
     parser.add_argument("--events", type=int, default=1_000_000, help="events in the log")
@@ -422,16 +423,16 @@ def main() -> None:
         print(f"  {'parse + log (' + directory.name + ') + apply':<40} {cells}")
         print(f"  (json: {args.old_commit}; base: {args.base_commit}; now: this checkout)")
 
-        if args.smoke:
-            print("\n(smoke run: sizes too small to judge the targets)")
-            return
+        targets = _targets.Targets(smoke=args.smoke)
+        print()
         for name, figure, target in (
             ("parse", n / new_s, 1_000_000),
             ("replay()", n / new_replay_s, 400_000),
         ):
-            verdict = "meets" if figure >= target else "MISSES"
-            print(f"  target {name} ≥ {target:,} events/s: {verdict} ({figure:,.0f})")
+            verdict = targets.judge(f"target {name} ≥ {target:,} events/s", figure >= target)
+            print(f"  {verdict} ({figure:,.0f})")
+    return targets.exit_status()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -41,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support.*
 
+import _targets
 import msgspec
 from elftools.elf.elffile import ELFFile
 from support import elflibs, gpu_specs
@@ -126,7 +127,7 @@ def ours_soname(path: Path) -> object:
         return read_soname(f)
 
 
-def bench_base(base: Path, rounds: int) -> list[tuple[str, float, str]]:
+def bench_base(base: Path, rounds: int, targets: _targets.Targets) -> list[tuple[str, float, str]]:
     work = Path(tempfile.mkdtemp(prefix="bench-inject-", dir=base))
     try:
         t4 = cdi.load_spec(T4_SPEC)
@@ -184,12 +185,14 @@ def bench_base(base: Path, rounds: int) -> list[tuple[str, float, str]]:
         ours_ms = median_ms(lambda: [ours_soname(p) for p in libs], rounds, lambda: None)
         naive_ms = median_ms(lambda: [naive_soname(p) for p in libs], rounds, lambda: None)
         n = len(libs)
+        warm_ok = targets.judge("warm ≤ 1 ms", warm_ms <= 1)
+        cold_ok = targets.judge("cold ≤ 3× ldconfig", cold_ms <= 3 * ldconfig_ms)
         return [
-            ("warm injection (later actor), median", warm_ms, "target ≤ 1 ms"),
+            ("warm injection (later actor), median", warm_ms, warm_ok),
             (
                 "cold injection (first actor), median",
                 cold_ms,
-                f"{cold_ms / ldconfig_ms:.2f}× ldconfig (target ≤ 3×)",
+                f"{cold_ms / ldconfig_ms:.2f}× ldconfig ({cold_ok})",
             ),
             (f"ldconfig -n on the {n}-library directory", ldconfig_ms, "reference"),
             (
@@ -303,7 +306,9 @@ def rotating_ms(
     )
 
 
-def bench_per_device(base: Path, rounds: int, gpus: int = 8) -> list[tuple[str, float, str]]:
+def bench_per_device(
+    base: Path, rounds: int, targets: _targets.Targets, gpus: int = 8
+) -> list[tuple[str, float, str]]:
     work = Path(tempfile.mkdtemp(prefix="bench-per-device-", dir=base))
     try:
         raw = gpu_specs.with_gpus(gpu_specs.load_raw(), gpus)
@@ -359,9 +364,11 @@ def bench_per_device(base: Path, rounds: int, gpus: int = 8) -> list[tuple[str, 
         (rotate_ms, rotate_min), (rotate_floor_ms, rotate_floor_min) = rotating
         label = f"per-device warm injection ({request[0]} of {gpus})"
         rotate_label = f"per-device warm injection, actors rotating over the {gpus} GPUs"
+        median_ok = targets.judge("per-device median ≤ 1.5×", warm_ms <= 1.5 * floor_ms)
+        best_ok = targets.judge("per-device best ≤ 1.5×", warm_min <= 1.5 * floor_min)
         return [
-            (f"{label}, median", warm_ms, f"{warm_ms / floor_ms:.2f}× the floor (target ≤ 1.5×)"),
-            (f"{label}, best", warm_min, f"{warm_min / floor_min:.2f}× the floor (target ≤ 1.5×)"),
+            (f"{label}, median", warm_ms, f"{warm_ms / floor_ms:.2f}× the floor ({median_ok})"),
+            (f"{label}, best", warm_min, f"{warm_min / floor_min:.2f}× the floor ({best_ok})"),
             (
                 f"floor: config.json atomically + {len(links)} os.symlink, median",
                 floor_ms,
@@ -393,7 +400,7 @@ def bench_per_device(base: Path, rounds: int, gpus: int = 8) -> list[tuple[str, 
         shutil.rmtree(work, ignore_errors=True)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=41)
     parser.add_argument("--base", type=Path, action="append", help="directories to run in")
@@ -413,17 +420,19 @@ def main() -> None:
         cache_logger_on_first_use=True,
     )
     bases = args.base or [Path("/dev/shm"), Path(tempfile.gettempdir())]
+    targets = _targets.Targets(smoke=args.smoke)
     for base in bases:
         fs = subprocess.run(
             ["stat", "-f", "-c", "%T", str(base)], capture_output=True, text=True, check=False
         ).stdout.strip()
         print(f"\n== {base} ({fs}), {args.rounds} rounds")
         for label, ms, comparison in [
-            *bench_base(base, args.rounds),
-            *bench_per_device(base, args.rounds),
+            *bench_base(base, args.rounds, targets),
+            *bench_per_device(base, args.rounds, targets),
         ]:
             print(f"  {label:<66} {ms:9.3f} ms   {comparison}")
+    return targets.exit_status()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

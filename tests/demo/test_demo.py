@@ -107,3 +107,18 @@ def test_the_cli_runs_it_and_keeps_the_workdir(tmp_path, runc_path):
     assert (tmp_path / "events.jsonl").is_file()
     assert (tmp_path / "node" / "dev" / "nvidia0").exists()
     assert "same final states" in completed.stdout
+
+
+def test_a_second_run_in_the_same_workdir_is_refused_in_one_line(tmp_path, runc_path):
+    """``demo --workdir DIR`` again on a used DIR: exit 1 with one line naming DIR (its log
+    already holds the demo's actors), no traceback, the first run's files untouched."""
+    argv = [sys.executable, "-m", "substrate_gpu", "demo", "--workdir", str(tmp_path)]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert first.returncode == 0, first.stderr
+    log = (tmp_path / "events.jsonl").read_bytes()
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "Traceback" not in again.stderr
+    (line,) = again.stderr.strip().splitlines()
+    assert str(tmp_path) in line and "not empty" in line and "--workdir" in line
+    assert (tmp_path / "events.jsonl").read_bytes() == log

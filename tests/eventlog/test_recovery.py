@@ -3,6 +3,7 @@ asking the runtime, never blindly re-run."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -15,7 +16,7 @@ from substrate_gpu import eventlog
 from substrate_gpu.eventlog import EventLog, read_log, recover, replay
 from substrate_gpu.eventlog.recovery import INTERRUPTED
 from substrate_gpu.eventlog.replayer import Replayer
-from substrate_gpu.lifecycle import Agent, events, machine
+from substrate_gpu.lifecycle import Agent, events, machine, registry
 from substrate_gpu.lifecycle.actors import ActorView
 
 pytestmark = pytest.mark.anyio
@@ -290,6 +291,49 @@ async def test_an_interrupted_effect_is_reconciled_with_the_runtime(
     assert again.report == ()
 
 
+async def test_an_empty_image_left_by_a_failed_checkpoint_is_not_taken(
+    log_path: Path, tmp_path: Path, runtime: FakeRuntime, injector: FakeInjector
+) -> None:
+    """Sandbox gone mid-checkpoint, an empty checkpoint.img (what a failed runsc checkpoint
+    leaves, docs/runsc.md): checkpoint_failed, the last good checkpoint kept."""
+    await _crash_in("checkpointing", log_path, tmp_path, runtime, injector)
+    _world(runtime, "stopped")
+    image = tmp_path / "checkpoints" / "a" / str(replay(log_path).causes["a"].seq)
+    image.mkdir(parents=True, exist_ok=True)
+    (image / "checkpoint.img").touch()
+    recovery = await recover(log_path, runtime=runtime, checkpoint_root=tmp_path / "checkpoints")
+    (line,) = recovery.report
+    assert line.decision.outcome is not None
+    assert line.decision.outcome.type == "checkpoint_failed"
+    assert recovery.actors["a"].state == "stopped"
+
+
+def _link_to_an_image(image: Path) -> None:
+    (image.parent / "elsewhere.img").write_bytes(b"image")
+    (image / "checkpoint.img").symlink_to(image.parent / "elsewhere.img")
+
+
+@pytest.mark.parametrize(
+    ("make", "whole"),
+    [
+        pytest.param(lambda d: (d / "checkpoint.img").write_bytes(b"image"), True, id="written"),
+        pytest.param(lambda d: (d / "checkpoint.img").touch(), False, id="empty"),
+        pytest.param(lambda d: None, False, id="missing"),
+        pytest.param(lambda d: (d / "checkpoint.img").mkdir(), False, id="a-directory"),
+        pytest.param(_link_to_an_image, False, id="a-symlink"),
+    ],
+)
+def test_an_image_is_whole_only_as_a_non_empty_regular_file(
+    tmp_path: Path, make: Callable[[Path], object], whole: bool
+) -> None:
+    """image_is_whole: runsc writes checkpoint.img itself, as a regular file; anything else
+    in its place (nothing, an empty file, a directory, a link) is no image."""
+    image = tmp_path / "ck" / "a" / "3"
+    image.mkdir(parents=True)
+    make(image)
+    assert eventlog.image_is_whole(image) is whole
+
+
 async def test_an_unreadable_runtime_state_is_the_effects_failure(
     log_path: Path, tmp_path: Path, runtime: FakeRuntime, injector: FakeInjector
 ) -> None:
@@ -398,23 +442,79 @@ async def test_a_crash_mid_cuda_resume_with_an_unreadable_runtime_recovers(
 STATUSES = ("creating", "created", "running", "paused", "stopped", "missing", "unknown")
 
 
-@pytest.mark.parametrize("status", STATUSES)
-@pytest.mark.parametrize("state", sorted(machine.load_spec().effects))
-@pytest.mark.parametrize("survived_flags", [False, True])
-def test_every_recovery_outcome_is_accepted_by_the_machine(
-    state: str, status: str, survived_flags: bool
-) -> None:
-    """Whatever the runtime says, the outcome recovery decides lands on a transition."""
-    spec = machine.load_spec()
-    effect = spec.effects[state]
-    view = ActorView(
+def _view(state: str, survived_flags: bool) -> ActorView:
+    return ActorView(
         "a", state, True, "/b", "/ck/1", 0, True, None,
         exited=survived_flags, suspend_route=events.ROUTE_EXEC if survived_flags else "",
         cuda_pids="7",
     )  # fmt: skip
-    decision = eventlog.decide(view, effect, status, image=Path("/ck/2"), image_whole=True)  # type: ignore[arg-type]
-    if decision.outcome is None:
-        return
+
+
+_Case = tuple[str, str, bool, eventlog.Decision]
+
+
+def _decisions() -> tuple[list[_Case], list[_Case]]:
+    """Every in-flight state x runtime status x flags, split by what recovery decides for
+    it: an outcome (checked against the machine) or a rerun (checked against the rule)."""
+    spec = machine.load_spec()
+    outcomes: list[_Case] = []
+    reruns: list[_Case] = []
+    for state in sorted(spec.effects):
+        for status in STATUSES:
+            for survived_flags in (False, True):
+                effect = spec.effects[state]
+                decision = eventlog.decide(
+                    _view(state, survived_flags),
+                    effect,
+                    status,  # type: ignore[arg-type]
+                    image=Path("/ck/2"),
+                    image_whole=True,
+                )
+                case = (state, status, survived_flags, decision)
+                (reruns if decision.outcome is None else outcomes).append(case)
+    return outcomes, reruns
+
+
+OUTCOME_DECISIONS, RERUN_DECISIONS = _decisions()
+
+
+def _case_id(case: _Case) -> str:
+    state, status, survived_flags, _ = case
+    return f"{state}-{status}{'-survived' if survived_flags else ''}"
+
+
+@pytest.mark.parametrize(
+    ("state", "status", "survived_flags", "decision"),
+    OUTCOME_DECISIONS,
+    ids=[_case_id(c) for c in OUTCOME_DECISIONS],
+)
+def test_every_recovery_outcome_is_accepted_by_the_machine(
+    state: str, status: str, survived_flags: bool, decision: eventlog.Decision
+) -> None:
+    """Whatever the runtime says, the outcome recovery decides lands on a transition out of
+    the in-flight state (the replayer raises InvalidEvent on one the machine refuses)."""
+    spec = machine.load_spec()
+    assert decision.outcome is not None
     predicted = Replayer(spec)
-    predicted.load_views([view], 100)
-    predicted.apply(decision.outcome)
+    predicted.load_views([_view(state, survived_flags)], 100)
+    source, dest, _ = predicted.apply(decision.outcome)
+    assert source == state
+    assert predicted.views()["a"].state == dest
+
+
+@pytest.mark.parametrize(
+    ("state", "status", "survived_flags", "decision"),
+    RERUN_DECISIONS,
+    ids=[_case_id(c) for c in RERUN_DECISIONS],
+)
+def test_every_recovery_rerun_is_one_the_effects_rule_names(
+    state: str, status: str, survived_flags: bool, decision: eventlog.Decision
+) -> None:
+    """A rerun is decided only where the effect's rule says RERUN for that runtime status
+    (never for an unreadable state), deletes nothing, and says why it is safe."""
+    effect = machine.load_spec().effects[state]
+    rule = registry.REGISTRY[effect].recovery
+    assert status != "unknown"
+    assert rule.action(status) is registry.RecoveryAction.RERUN  # type: ignore[arg-type]
+    assert (decision.action, decision.delete_leftover) == ("rerun", False)
+    assert decision.why

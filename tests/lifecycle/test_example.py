@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import anyio
@@ -19,3 +21,17 @@ def test_embedding_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "running -> running on suspend_requested  (suspend refused" in out
     assert "restoring -> running on restored" in out
     assert "actors by state: {'running': 1}" in out
+
+
+def test_embedding_example_warns_only_of_its_refusal() -> None:
+    """Run as a user runs it, the example logs one warning, the suspend it is meant to see
+    refused (its runtime once made no image directory, so every checkpoint warned that it
+    had no manifest)."""
+    completed = subprocess.run(
+        [sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert completed.returncode == 0, completed.stderr
+    output = completed.stdout + completed.stderr
+    assert "checkpoint has no manifest" not in output
+    warnings = [line for line in output.splitlines() if "[warning" in line]
+    assert len(warnings) == 1 and "suspend refused" in warnings[0], warnings

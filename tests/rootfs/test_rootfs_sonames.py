@@ -251,6 +251,19 @@ def test_string_table_outside_every_load_segment_is_unreadable() -> None:
     assert "no PT_LOAD" in result.reason
 
 
+def test_string_table_at_the_load_segments_end_is_unreadable() -> None:
+    """PT_LOAD maps [p_vaddr, p_vaddr + p_filesz): a DT_STRTAB right at its end lies outside
+    it, even where the bytes after the segment in the file would read as a SONAME."""
+    size = len(elflibs.synthetic_elf(b"libsyn.so.7"))
+    end = 0x10000 + size  # synthetic_elf's one PT_LOAD maps the whole image from 0x10000
+    tail = b"\0libevil.so\0"  # what a reader mapping the end address would find
+    result = read_soname_from_bytes(
+        elflibs.synthetic_elf(b"libsyn.so.7", strtab_address=end) + tail
+    )
+    assert isinstance(result, SonameUnreadable)
+    assert "no PT_LOAD" in result.reason
+
+
 def _with_strsz(path: Path, strsz: Callable[[int], int]) -> bytes:
     """A real library's bytes with DT_STRSZ rewritten to ``strsz(DT_SONAME's offset)``."""
     data = bytearray(path.read_bytes())

@@ -27,6 +27,27 @@ def test_nesting_deeper_than_the_decoder_is_malformed_not_raised(line: bytes) ->
     assert parsed.kind == "malformed"
 
 
+def _padded_to(size: int) -> bytes:
+    """A valid request of exactly ``size`` bytes (JSON whitespace before its closing brace)."""
+    line = b'{"type": "run_requested", "v": 1, "actor_id": "a1"'
+    return line + b" " * (size - len(line) - 1) + b"}"
+
+
+def test_a_request_of_exactly_the_line_bound_is_accepted() -> None:
+    """parse_request's own bound admits MAX_LINE_BYTES bytes (the newline not counted)."""
+    parsed = protocol.parse_request(_padded_to(protocol.MAX_LINE_BYTES))
+    assert isinstance(parsed, events.RunRequested)
+
+
+def test_a_valid_request_one_byte_over_the_line_bound_is_too_long() -> None:
+    """One byte more is refused before decoding, however valid the request is otherwise
+    (a caller other than the server's reader gets the same bound)."""
+    parsed = protocol.parse_request(_padded_to(protocol.MAX_LINE_BYTES + 1))
+    assert isinstance(parsed, protocol.RequestError)
+    assert parsed.kind == "too_long"
+    assert str(protocol.MAX_LINE_BYTES) in parsed.message
+
+
 @pytest.mark.parametrize(
     "at",
     ["-1e300", "1e300", "-1", "-0.5", "253402300800", "1e19", "1" + "0" * 400],
