@@ -189,6 +189,21 @@ def test_bad_requests_are_classified_never_raised(line: bytes, kind: str) -> Non
             "not a valid id",
             id="actor-id",
         ),
+        # Rules across fields (the event's __post_init__) name their field too (issue 22).
+        pytest.param(
+            b'{"type": "actor_registered", "v": 2, "actor_id": "a1", "gpu": true, "bundle": "/b",'
+            b' "gpu_names": ["nvidia.com/gpu=0", "1"]}',
+            "$.gpu_names[1]",
+            "gpu_names must be fully qualified CDI names (vendor/class=name), got '1'",
+            id="gpu-name-not-qualified",
+        ),
+        pytest.param(
+            b'{"type": "actor_registered", "v": 2, "actor_id": "a1", "gpu": true, "bundle": "/b",'
+            b' "gpus": 1, "gpu_names": ["nvidia.com/gpu=0"]}',
+            "$.gpu_names",
+            "give gpus (1) or gpu_names (nvidia.com/gpu=0), not both",
+            id="gpus-and-gpu-names",
+        ),
     ],
 )
 def test_a_schema_error_names_the_field_and_what_was_expected(
@@ -201,6 +216,28 @@ def test_a_schema_error_names_the_field_and_what_was_expected(
     assert says in parsed.message
     body = json.loads(protocol.refusal(parsed, 4))
     assert body["field"] == field and says in body["error"] and body["kind"] == "schema"
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        pytest.param(b"hello", "invalid character at column 1", id="first-character"),
+        pytest.param(b'{"a": x}', "invalid character at column 7", id="inside"),
+        # Columns count characters, not bytes: 'é' is two bytes and one column.
+        pytest.param('{"é": x}'.encode(), "invalid character at column 7", id="after-utf8"),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "a1"} x',
+            "trailing characters at column 54",
+            id="trailing",
+        ),
+    ],
+)
+def test_a_line_that_is_not_json_says_the_column(line: bytes, says: str) -> None:
+    """msgspec's byte offset is reported as the column a person can find (issue 25)."""
+    parsed = protocol.parse_request(line)
+    assert isinstance(parsed, protocol.RequestError)
+    assert parsed.kind == "malformed"
+    assert says in parsed.message and "(byte" not in parsed.message
 
 
 def test_a_malformed_request_says_why_without_a_traceback() -> None:
