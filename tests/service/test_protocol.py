@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from substrate_gpu.lifecycle import Transition, errors, events
@@ -253,6 +254,25 @@ def test_a_valid_request_is_the_event() -> None:
     parsed = protocol.parse_request(json.dumps(VALID).encode())
     assert isinstance(parsed, events.ActorRegistered)
     assert (parsed.actor_id, parsed.gpu, parsed.bundle, parsed.seq) == ("a1", True, "/b/a1", 0)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"gpu": True}, id="all-gpus"),
+        pytest.param({"gpu": False}, id="cpu"),
+        pytest.param({"gpu": True, "gpus": 2}, id="a-count"),
+    ],
+)
+def test_a_v1_registration_is_upgraded_at_the_door_to_use_the_allocator(
+    fields: dict[str, object],
+) -> None:
+    """A client speaking actor_registered v1 gets v2 logged: the allocator decides (issue 22)."""
+    line = json.dumps({**VALID, **fields, "v": 1, "at": 5.0}).encode()
+    parsed = protocol.parse_request(line)
+    assert isinstance(parsed, events.ActorRegistered)
+    assert (parsed.v, parsed.allocates_gpus) == (2, True)
+    assert msgspec.structs.replace(parsed, v=1) == events.from_json(line)  # nothing else moved
 
 
 def test_errors_name_the_actor_when_the_line_did() -> None:
