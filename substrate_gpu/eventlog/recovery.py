@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Literal
 
 from substrate_gpu import exceptions
-from substrate_gpu.eventlog import errors, reader, replayer
+from substrate_gpu.eventlog import errors, reader, replayer, seqmark
 from substrate_gpu.lifecycle import actors, events, machine, registry
 from substrate_gpu.lifecycle.agent import ResumePoint
 from substrate_gpu.runsc import api as runsc
@@ -119,7 +119,7 @@ class Recovery:
     actors: dict[str, actors.ActorView]
     """Every actor as it will be once the reconciliation outcomes are accepted."""
     last_seq: int
-    """The log's last seq."""
+    """The highest seq logged: the log's last, or its seq mark's when the log lost its tail."""
     reconcile_events: tuple[events.Event, ...]
     """Outcomes established by asking the runtime, for the agent to accept (unstamped)."""
     rerun: tuple[str, ...]
@@ -289,6 +289,9 @@ async def recover(
         else:
             rerun.append((actor_id, cause))
     # What the agent will hold once it accepted the outcomes (the same machine, no effect).
+    # New events are numbered after the highest seq ever logged, which the log's last line
+    # may have lost (seqmark): a seq once acknowledged is never handed out again.
+    last_seq = max(result.last_seq, seqmark.read(path))
     predicted = replayer.Replayer(spec)
     predicted.load_views(result.actors.values(), result.last_seq)
     for outcome in outcomes:
@@ -296,13 +299,13 @@ async def recover(
     return Recovery(
         path=path,
         actors=predicted.views(),
-        last_seq=result.last_seq,
+        last_seq=last_seq,
         reconcile_events=tuple(outcomes),
         rerun=tuple(a for a, _ in rerun),
         report=tuple(report),
         resume=ResumePoint(
             actors=tuple(result.actors.values()),
-            last_seq=result.last_seq,
+            last_seq=last_seq,
             outcomes=tuple(outcomes),
             rerun=tuple(rerun),
         ),

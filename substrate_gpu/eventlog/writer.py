@@ -62,7 +62,7 @@ import anyio.to_thread
 import structlog
 
 from substrate_gpu import _atomic
-from substrate_gpu.eventlog import errors, format, reader, replayer, snapshot
+from substrate_gpu.eventlog import errors, format, reader, replayer, seqmark, snapshot
 from substrate_gpu.lifecycle import codec, events, machine
 
 _log = structlog.get_logger(__name__)
@@ -103,12 +103,16 @@ class EventLog:
         metrics: AppendMetrics | None,
         rotate_bytes: int | None,
         tracker: replayer.Replayer | None,
+        high_water: int,
+        mark_fd: int,
     ) -> None:
-        """Use :meth:`open` (``tracker``: the machine copy fed for snapshots, or None)."""
+        """Use :meth:`open` (``tracker``: the machine copy fed for snapshots, or None;
+        ``high_water``: the seq mark's value, ``mark_fd`` its descriptor)."""
         self.path = path
         """The active segment."""
-        self.last_seq = contents.last_seq
-        """The seq of the last durable event (after :meth:`open`: the log's last one)."""
+        self.last_seq = high_water
+        """The seq of the last durable event (after :meth:`open`: the highest ever logged,
+        which the log's last line may have lost: :mod:`.seqmark`)."""
         self.torn_tail = contents.torn_tail
         """The torn last line :meth:`open` dropped, if any."""
         self.rotations = 0
@@ -117,8 +121,9 @@ class EventLog:
         self._max_delay = max_delay
         self._metrics = metrics
         self._rotate_bytes = rotate_bytes
-        self._queued_seq = contents.last_seq
+        self._queued_seq = high_water
         self._size = contents.valid_bytes
+        self._mark_fd: int | None = mark_fd
         self._fd: int | None = _open_for_append(path)
         self._open_batch = _Batch()
         self._flushing = False
@@ -151,11 +156,19 @@ class EventLog:
             raise ValueError("max_batch must be at least 1 and max_delay not negative")
         try:
             contents = await anyio.to_thread.run_sync(_prepare, path)
+            high_water = max(contents.last_seq, seqmark.read(path))
+            mark_fd = await anyio.to_thread.run_sync(seqmark.open_for_update, path, high_water)
         except OSError as e:
             raise errors.EventLogError(
                 f"while opening event log {path} for appending: {_describe(e)}"
             ) from e
-        if contents.torn_tail is not None:
+        if high_water > contents.last_seq:
+            _log.warning(
+                "event log lost its last events",
+                path=str(path),
+                detail=lost_seqs(path, contents, high_water),
+            )
+        elif contents.torn_tail is not None:
             _log.warning(
                 "event log has a torn tail", path=str(path), tail=contents.torn_tail.describe()
             )
@@ -170,6 +183,8 @@ class EventLog:
             metrics=metrics,
             rotate_bytes=rotate_bytes,
             tracker=tracker,
+            high_water=high_water,
+            mark_fd=mark_fd,
         )
 
     async def __aenter__(self) -> Self:
@@ -218,9 +233,10 @@ class EventLog:
         while self._flushing:
             await self._flushed.wait()
         self._closed = True
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+        for fd in (self._fd, self._mark_fd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._mark_fd = None
 
     def _check_usable(self) -> None:
         if self._failed is not None:
@@ -253,7 +269,7 @@ class EventLog:
                 try:
                     self._track(batch)
                     data = b"".join(batch.lines)
-                    await anyio.to_thread.run_sync(self._append, data)
+                    await anyio.to_thread.run_sync(self._append, data, batch.last_seq)
                 except (OSError, errors.EventLogError) as e:
                     batch.error = e
                     self._failed = e
@@ -297,9 +313,9 @@ class EventLog:
                 "log with the agent's machine_spec"
             ) from e
 
-    def _append(self, data: bytes) -> None:
+    def _append(self, data: bytes, last_seq: int) -> None:
         fd = self._fd
-        if fd is None:
+        if fd is None or self._mark_fd is None:
             raise errors.EventLogError(f"event log {self.path} is closed")
         view = memoryview(data)
         while view:
@@ -308,6 +324,10 @@ class EventLog:
         os.fdatasync(fd)
         self._size += len(data)
         self._check_still_named(fd)
+        if last_seq:
+            # After the log's fsync (the mark never runs ahead of the log it guards), before
+            # any recorder of the batch is acknowledged.
+            seqmark.update(self._mark_fd, last_seq)
 
     def _check_still_named(self, fd: int) -> None:
         """Raise unless :attr:`path` still names the open file (see the module doc)."""
@@ -351,6 +371,22 @@ class EventLog:
         self._fd = _open_for_append(self.path)
         self._size = len(header)
         remove_stale_step(self.path, keep=written.name)
+
+
+def lost_seqs(path: Path, contents: reader.LogContents, high_water: int) -> str:
+    """What is known when the log's last line is below its seq mark (one sentence)."""
+    last = contents.last_seq
+    gone = (
+        f"seq {high_water} was"
+        if high_water == last + 1
+        else f"seqs {last + 1} to {high_water} were"
+    )
+    torn = f"{contents.torn_tail.describe().split(':')[0]}; " if contents.torn_tail else ""
+    return (
+        f"{torn}the log ends at seq {last} but its seq mark {seqmark.path_of(path)} says "
+        f"{gone} logged: gone from the log (its tail was cut or lost) and may "
+        "have been acknowledged; new events are numbered after them, never reusing one"
+    )
 
 
 def _open_for_append(path: Path) -> int:

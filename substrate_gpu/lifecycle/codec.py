@@ -34,6 +34,7 @@ _ENCODER: Final = msgspec.json.Encoder()
 _PATH: Final = re.compile(r" - at `(\$[^`]*)`$")
 _UNKNOWN_TAG: Final = re.compile(r"^Invalid value (.+) - at `(\$[^`]*)\.type`$")
 _UNKNOWN_VERSION: Final = re.compile(r"^Invalid enum value (.+) - at `(\$[^`]*)\.v`$")
+_BYTE_OFFSET: Final = re.compile(r" \(byte (\d+)\)")
 _NAMED_FIELD: Final = re.compile(
     r"^Object (?:missing required|contains unknown) field `([^`]+)`(?: - at `(\$[^`]*)`)?$"
 )
@@ -126,10 +127,19 @@ class Decoder(Generic[T]):
         message = str(error)
         if not isinstance(error, msgspec.ValidationError):
             return DecodeFailure(
-                f"{self._what} is not valid JSON: {message}", field=None, malformed=True
+                f"{self._what} is not valid JSON: {_with_column(message, data)}",
+                field=None,
+                malformed=True,
             )
         path_match = _PATH.search(message)
         path = path_match.group(1) if path_match else None
+        if isinstance(rule := error.__cause__, errors.EventFieldError):
+            # Raised by an event's __post_init__: msgspec says where the event is, the
+            # error which of its fields.
+            path = f"{path or '$'}.{rule.field}"
+            return DecodeFailure(
+                f"invalid {self._what}: {rule} - at `{path}`", field=path, malformed=False
+            )
         if (named := _NAMED_FIELD.match(message)) is not None:
             path = f"{named.group(2) or '$'}.{named.group(1)}"
         if (tag := _UNKNOWN_TAG.match(message)) is not None:
@@ -155,6 +165,19 @@ class Decoder(Generic[T]):
             f"{kind!r} has schema version {found}; this agent reads version {reads} "
             f"(upgrade the agent to read newer logs) - at `{where}.v`"
         )
+
+
+def _with_column(message: str, data: bytes | str | None) -> str:
+    """msgspec's ``(byte N)`` as a line and column a person can find (1-based, characters)."""
+    found = _BYTE_OFFSET.search(message)
+    if found is None or data is None:
+        return message
+    raw = data.encode() if isinstance(data, str) else data
+    before = raw[: int(found.group(1))]
+    line = before.count(b"\n")
+    column = len(before[before.rfind(b"\n") + 1 :].decode(errors="replace")) + 1
+    where = f"at line {line + 1}, column {column}" if line else f"at column {column}"
+    return f"{message[: found.start()]} {where}{message[found.end() :]}"
 
 
 def _type_at(data: bytes | str, where: str) -> str | None:

@@ -17,6 +17,19 @@ class EventSchemaError(exceptions.SubstrateGpuError):
     """An event's JSON form is malformed, of an unknown type, or of an unknown version."""
 
 
+class EventFieldError(EventSchemaError, ValueError):
+    """An event's fields break a rule the types cannot state (checked in ``__post_init__``).
+
+    ``field`` is the offending key's path below the event (``gpu_names[1]``). A ValueError
+    too: msgspec reports one raised while decoding as a validation error at the event's
+    path (not a traceback through the decoder), and the codec names the field from both.
+    """
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class InvalidEvent(exceptions.SubstrateGpuError):
     """An event is not accepted in the actor's current state; the actor is left unchanged.
 

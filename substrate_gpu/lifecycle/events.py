@@ -212,20 +212,23 @@ class ActorRegistered(Event, frozen=True, kw_only=True, tag="actor_registered"):
 
     def __post_init__(self) -> None:
         if self.gpus and self.gpu_names:
-            raise errors.EventSchemaError(
+            raise errors.EventFieldError(
                 f"actor_registered for {self.actor_id!r}: give gpus ({self.gpus}) or "
-                f"gpu_names ({', '.join(self.gpu_names)}), not both"
+                f"gpu_names ({', '.join(self.gpu_names)}), not both",
+                "gpu_names",
             )
-        bad = [n for n in self.gpu_names if "/" not in n or "=" not in n]
-        if bad:
-            raise errors.EventSchemaError(
-                f"actor_registered for {self.actor_id!r}: gpu_names must be fully qualified "
-                f"CDI names (vendor/class=name), got {', '.join(map(repr, bad))}"
-            )
+        for i, name in enumerate(self.gpu_names):
+            if "/" not in name or "=" not in name:
+                raise errors.EventFieldError(
+                    f"actor_registered for {self.actor_id!r}: gpu_names must be fully "
+                    f"qualified CDI names (vendor/class=name), got {name!r}",
+                    f"gpu_names[{i}]",
+                )
         if self.suspend_policy not in SUSPEND_POLICIES:
-            raise errors.EventSchemaError(
+            raise errors.EventFieldError(
                 f"actor_registered for {self.actor_id!r}: unknown suspend_policy "
-                f"{self.suspend_policy!r} (expected one of {', '.join(SUSPEND_POLICIES)})"
+                f"{self.suspend_policy!r} (expected one of {', '.join(SUSPEND_POLICIES)})",
+                "suspend_policy",
             )
 
 

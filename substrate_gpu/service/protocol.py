@@ -7,11 +7,12 @@ them (:mod:`substrate_gpu.service.schema`).
 
 **Requests** are lifecycle events in their JSON form (:meth:`Event.to_json`) without a
 ``seq``: ``{"type": "run_requested", "v": 1, "actor_id": "a1"}``. ``v`` is required (the
-client says which version of the type it speaks). ``at`` is optional (default: when the
-agent read the line) and bounded (``events.AT_MIN`` to ``events.AT_MAX``). ``actor_id``
-must match :data:`ACTOR_ID`: it becomes a container id and a directory name, so a path in
-it is refused. Only *external* events are accepted: outcomes (``gpu_injected``,
-``checkpoint_written``, ...) are produced by the agent's own effects.
+client says which version of the type it speaks; an ``actor_registered`` of ``v`` 1 is
+upgraded to 2 before it is logged, so the GPU allocator decides for every GPU actor). ``at``
+is optional (default: when the agent read the line) and bounded (``events.AT_MIN`` to
+``events.AT_MAX``). ``actor_id`` must match :data:`ACTOR_ID`: it becomes a container id and
+a directory name, so a path in it is refused. Only *external* events are accepted: outcomes
+(``gpu_injected``, ``checkpoint_written``, ...) are produced by the agent's own effects.
 
 **Answers**, one per request line, in the order of the lines on that connection:
 
@@ -315,6 +316,13 @@ def parse_request(line: bytes) -> events.Event | RequestError:
             " - at `$.actor_id`",
             field="$.actor_id",
         )
+    if isinstance(event, events.ActorRegistered) and not event.allocates_gpus:
+        # v1 predates the allocator: in a log it means "all the worker's GPUs, unallocated"
+        # and replays so. A client still speaking v1 today must not bypass the allocator
+        # (its actor would share GPUs another actor was granted): the door upgrades the
+        # request before it is logged, and v2 with the same fields asks for all the
+        # worker's GPUs through the allocator.
+        return msgspec.structs.replace(event, v=2)
     return event
 
 

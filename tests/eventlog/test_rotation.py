@@ -28,6 +28,7 @@ async def test_a_long_log_rotates_into_a_snapshot_and_a_short_segment(
     assert contents.snapshot is not None and contents.header.base_seq == contents.snapshot.seq
     assert _files(log_path) == [
         "events.jsonl",
+        "events.jsonl.seq",
         f"events.jsonl.snapshot-{contents.header.base_seq}.json",
     ]
     assert log_path.stat().st_size < 1500 + 400
@@ -39,7 +40,7 @@ async def test_a_long_log_rotates_into_a_snapshot_and_a_short_segment(
 async def test_without_rotate_bytes_the_log_never_rotates(log_path: Path, tmp_path: Path) -> None:
     """rotate_bytes=None keeps one growing segment (and no machine copy in the writer)."""
     await logs.short_life(log_path, tmp_path, rotate_bytes=None)
-    assert _files(log_path) == ["events.jsonl"]
+    assert _files(log_path) == ["events.jsonl", "events.jsonl.seq"]
     assert read_log(log_path).header.base_seq == 0
 
 
@@ -100,7 +101,7 @@ async def test_a_crash_at_any_rotation_step_leaves_a_readable_log(
         assert log.last_seq == durable
         header = read_log(log_path).header
         kept = [f"events.jsonl.snapshot-{header.base_seq}.json"] if header.snapshot else []
-        assert _files(log_path) == sorted(["events.jsonl", *kept])
+        assert _files(log_path) == sorted(["events.jsonl", "events.jsonl.seq", *kept])
         await log.record(
             events.ActorRegistered(actor_id="late", gpu=False, bundle="/b", seq=durable + 1)
         )

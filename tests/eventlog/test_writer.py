@@ -7,6 +7,8 @@ from pathlib import Path
 
 import anyio
 import pytest
+from lifecycle.doubles import FakeRuntime
+from structlog.testing import capture_logs
 
 from eventlog import logs
 from substrate_gpu import eventlog
@@ -157,3 +159,76 @@ async def test_a_refusal_is_logged_as_a_rejection_record(log_path: Path) -> None
     ]
     assert contents.rejections[0].event.type == "suspend_requested"
     assert contents.last_seq == 1
+
+
+# --- the seq mark: a log that lost its tail never hands a seq out twice (issue 22) ----------
+
+
+async def _two_acknowledged_then_cut(log_path: Path, cut: int) -> None:
+    async with await EventLog.open(log_path) as log:
+        for event in _registrations(2):
+            await log.record(event)  # returned: acknowledged
+    with log_path.open("r+b") as f:
+        f.truncate(log_path.stat().st_size - cut)
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        pytest.param(5, id="mid-line"),
+        pytest.param(len(_registrations(2)[1].to_json()) + 1, id="whole-line"),
+    ],
+)
+async def test_a_log_cut_below_an_acknowledged_seq_never_reuses_it(
+    log_path: Path, cut: int
+) -> None:
+    """Seq 1 and 2 acknowledged, the file then cut into (or past) line 2: the reopened log
+    says seq 2 is gone and may have been acknowledged, and numbers the next event 3."""
+    await _two_acknowledged_then_cut(log_path, cut)
+    assert read_log(log_path).last_seq == 1
+    with capture_logs() as logged:
+        log = await EventLog.open(log_path)
+    async with log:
+        assert log.last_seq == 2
+        with pytest.raises(eventlog.EventLogError, match="does not follow 2"):
+            await log.record(events.BundlePrepared(actor_id="a0", bundle="/b", seq=2))
+        await log.record(events.BundlePrepared(actor_id="a0", bundle="/b", seq=3))
+    (warning,) = [e for e in logged if e["log_level"] == "warning"]
+    assert "seq 2 was logged" in warning["detail"]
+    assert "may have been acknowledged" in warning["detail"]
+    assert "never acknowledged" not in str(warning)
+    assert [e.seq for e in read_log(log_path).events] == [1, 3]
+
+
+async def test_recovery_resumes_numbering_after_the_seq_mark(
+    log_path: Path, runtime: FakeRuntime
+) -> None:
+    """The agent's resume point (what it numbers new events after) is the mark, not the cut
+    log's last line."""
+    await _two_acknowledged_then_cut(log_path, 5)
+    recovered = await eventlog.recover(log_path, runtime=runtime)
+    assert recovered.resume.last_seq == recovered.last_seq == 2
+
+
+async def test_a_torn_line_above_the_mark_was_never_acknowledged(log_path: Path) -> None:
+    """A crash mid-write (the line never reached its fsync, so the mark never moved) is still
+    reported as never acknowledged, and its seq is free to be given again."""
+    async with await EventLog.open(log_path) as log:
+        await log.record(_registrations(1)[0])
+    with log_path.open("ab") as f:
+        f.write(_registrations(1, first_seq=2)[0].to_json().encode()[:-5])
+    with capture_logs() as logged:
+        log = await EventLog.open(log_path)
+    async with log:
+        assert log.last_seq == 1
+    (warning,) = [e for e in logged if e["log_level"] == "warning"]
+    assert "before it was acknowledged" in warning["tail"]
+
+
+async def test_a_damaged_seq_mark_is_a_clear_error(log_path: Path) -> None:
+    """A mark that is not one stops the open, naming the file and what to do."""
+    async with await EventLog.open(log_path) as log:
+        await log.record(_registrations(1)[0])
+    (log_path.parent / "events.jsonl.seq").write_bytes(b"garbage")
+    with pytest.raises(eventlog.EventLogError, match=r"events.jsonl.seq .* is damaged"):
+        await EventLog.open(log_path)

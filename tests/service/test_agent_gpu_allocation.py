@@ -152,8 +152,30 @@ def test_actors_get_different_gpus_and_keep_them_across_a_restart(start_agent, t
     assert gpus_in(c) == [2]
 
 
-def test_a_worker_without_gpus_refuses_gpu_actors_naming_the_missing_spec(tmp_path):
-    """A CPU-only worker (no /dev/nvidiaN): no nvidia-ctk run, GPU actors fail with the reason."""
+def test_a_v1_registration_cannot_take_gpus_another_actor_holds(start_agent, tmp_path):
+    """A client speaking actor_registered v1 (all GPUs, before allocation existed) goes through
+    the allocator: with 2 of 4 GPUs held it waits, and never gets a bundle with them (issue 22)."""
+    agent = start_agent()
+    with agent.client() as client:
+        first = run_gpu_actor(client, tmp_path, "first", gpus=2)
+        wait_for_state(client, "first", "running")
+        for request in (
+            event("actor_registered", "old", v=1, gpu=True, bundle="/b/old"),
+            event("bundle_prepared", "old", bundle="/b/old"),
+            event("run_requested", "old"),
+        ):
+            assert client.request(request)["ok"]
+        waiting = wait_for_state(client, "old", "awaiting_gpus")
+    assert waiting["reason"] == "4 GPU(s) requested, 2 of 4 free"
+    assert gpus_in(first) == [0, 1]
+    registered = next(e for e in read_log(agent.log).events if e.actor_id == "old")
+    assert registered.v == 2  # logged as the allocator's: a replay allocates it too
+
+
+@pytest.mark.parametrize("v", [1, 2])
+def test_a_worker_without_gpus_refuses_gpu_actors_naming_the_missing_spec(tmp_path, v):
+    """A CPU-only worker (no /dev/nvidiaN): no nvidia-ctk run, GPU actors fail with the reason,
+    whichever version of actor_registered the client speaks."""
     (tmp_path / "cpu-node" / "dev").mkdir(parents=True)
     agent = AgentProcess.on_socket(
         tmp_path,
@@ -165,7 +187,7 @@ def test_a_worker_without_gpus_refuses_gpu_actors_naming_the_missing_spec(tmp_pa
     try:
         with agent.client() as client:
             for request in (
-                event("actor_registered", "a", v=2, gpu=True, gpus=1, bundle="/b"),
+                event("actor_registered", "a", v=v, gpu=True, bundle="/b"),
                 event("bundle_prepared", "a", bundle="/b"),
                 event("run_requested", "a"),
             ):
@@ -173,6 +195,8 @@ def test_a_worker_without_gpus_refuses_gpu_actors_naming_the_missing_spec(tmp_pa
             failed = wait_for_state(client, "a", "failed")
     finally:
         assert agent.terminate() == 0
+    states = [e.type for e in read_log(agent.log).events if e.actor_id == "a"]
+    assert states[-1] == "gpus_refused" and "gpu_injected" not in states
     assert failed["reason"].endswith(
         f"this worker has no known GPU: no CDI spec: {tmp_path}/cpu-node/dev holds no "
         f"nvidia[0-9]* device node (a worker without GPUs), so nvidia-ctk did not generate "

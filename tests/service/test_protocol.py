@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from substrate_gpu.lifecycle import Transition, errors, events
@@ -189,6 +190,21 @@ def test_bad_requests_are_classified_never_raised(line: bytes, kind: str) -> Non
             "not a valid id",
             id="actor-id",
         ),
+        # Rules across fields (the event's __post_init__) name their field too (issue 22).
+        pytest.param(
+            b'{"type": "actor_registered", "v": 2, "actor_id": "a1", "gpu": true, "bundle": "/b",'
+            b' "gpu_names": ["nvidia.com/gpu=0", "1"]}',
+            "$.gpu_names[1]",
+            "gpu_names must be fully qualified CDI names (vendor/class=name), got '1'",
+            id="gpu-name-not-qualified",
+        ),
+        pytest.param(
+            b'{"type": "actor_registered", "v": 2, "actor_id": "a1", "gpu": true, "bundle": "/b",'
+            b' "gpus": 1, "gpu_names": ["nvidia.com/gpu=0"]}',
+            "$.gpu_names",
+            "give gpus (1) or gpu_names (nvidia.com/gpu=0), not both",
+            id="gpus-and-gpu-names",
+        ),
     ],
 )
 def test_a_schema_error_names_the_field_and_what_was_expected(
@@ -201,6 +217,28 @@ def test_a_schema_error_names_the_field_and_what_was_expected(
     assert says in parsed.message
     body = json.loads(protocol.refusal(parsed, 4))
     assert body["field"] == field and says in body["error"] and body["kind"] == "schema"
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        pytest.param(b"hello", "invalid character at column 1", id="first-character"),
+        pytest.param(b'{"a": x}', "invalid character at column 7", id="inside"),
+        # Columns count characters, not bytes: 'é' is two bytes and one column.
+        pytest.param('{"é": x}'.encode(), "invalid character at column 7", id="after-utf8"),
+        pytest.param(
+            b'{"type": "run_requested", "v": 1, "actor_id": "a1"} x',
+            "trailing characters at column 54",
+            id="trailing",
+        ),
+    ],
+)
+def test_a_line_that_is_not_json_says_the_column(line: bytes, says: str) -> None:
+    """msgspec's byte offset is reported as the column a person can find (issue 25)."""
+    parsed = protocol.parse_request(line)
+    assert isinstance(parsed, protocol.RequestError)
+    assert parsed.kind == "malformed"
+    assert says in parsed.message and "(byte" not in parsed.message
 
 
 def test_a_malformed_request_says_why_without_a_traceback() -> None:
@@ -216,6 +254,25 @@ def test_a_valid_request_is_the_event() -> None:
     parsed = protocol.parse_request(json.dumps(VALID).encode())
     assert isinstance(parsed, events.ActorRegistered)
     assert (parsed.actor_id, parsed.gpu, parsed.bundle, parsed.seq) == ("a1", True, "/b/a1", 0)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"gpu": True}, id="all-gpus"),
+        pytest.param({"gpu": False}, id="cpu"),
+        pytest.param({"gpu": True, "gpus": 2}, id="a-count"),
+    ],
+)
+def test_a_v1_registration_is_upgraded_at_the_door_to_use_the_allocator(
+    fields: dict[str, object],
+) -> None:
+    """A client speaking actor_registered v1 gets v2 logged: the allocator decides (issue 22)."""
+    line = json.dumps({**VALID, **fields, "v": 1, "at": 5.0}).encode()
+    parsed = protocol.parse_request(line)
+    assert isinstance(parsed, events.ActorRegistered)
+    assert (parsed.v, parsed.allocates_gpus) == (2, True)
+    assert msgspec.structs.replace(parsed, v=1) == events.from_json(line)  # nothing else moved
 
 
 def test_errors_name_the_actor_when_the_line_did() -> None:

@@ -78,3 +78,21 @@ def test_an_old_snapshot_is_read_with_its_causes() -> None:
     for cause in contents.snapshot.causes.values():
         assert isinstance(cause, events.Event)
     assert isinstance(contents.header, format.Header)
+
+
+@pytest.mark.parametrize("name", ["demo", "bench_life"])
+def test_an_old_logs_v1_gpu_registrations_replay_unallocated(name: str) -> None:
+    """The door upgrades a v1 actor_registered a client sends (issue 22); a v1 line already in
+    a log keeps its meaning: all GPUs, injected without the allocator, as it was replayed."""
+    contents = read_log(V1 / f"{name}.jsonl")
+    registered = [e for e in contents.events if isinstance(e, events.ActorRegistered) and e.gpu]
+    assert registered and all(e.v == 1 and not e.allocates_gpus for e in registered)
+    gpu_actors = {e.actor_id for e in registered}
+    result = replay(V1 / f"{name}.jsonl")
+    runs = [
+        t.dest
+        for t in result.transitions
+        if t.actor_id in gpu_actors and t.event_type == "run_requested"
+    ]
+    assert runs and set(runs) == {"injecting"}
+    assert not any(t.dest == "allocating" for t in result.transitions)
