@@ -580,7 +580,21 @@ def bench_user_visible(base: Path, rounds: int, commit: str) -> list[tuple[str, 
         shutil.rmtree(work, ignore_errors=True)
 
 
+def quiet_logs() -> None:
+    """Info lines filtered out, loggers cached on first use, as the agent configures
+    structlog (substrate_gpu.observability.logging): the bench times injection, not logs."""
+    import logging
+
+    import structlog
+
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        cache_logger_on_first_use=True,
+    )
+
+
 def main() -> None:
+    quiet_logs()
     if sys.argv[1:2] == ["--warm-child"]:
         warm_child(Path(sys.argv[2]), int(sys.argv[3]))
         return
@@ -597,16 +611,6 @@ def main() -> None:
     if args.smoke:
         args.rounds = 3
         args.base = args.base or [Path(tempfile.gettempdir())]
-    import logging
-
-    import structlog
-
-    # Info lines filtered out, loggers cached on first use as the agent configures structlog
-    # (substrate_gpu.observability.logging): the bench times injection, not log output.
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        cache_logger_on_first_use=True,
-    )
     bases = args.base or [Path("/dev/shm"), Path(tempfile.gettempdir())]
     for base in bases:
         fs = subprocess.run(
