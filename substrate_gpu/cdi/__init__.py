@@ -32,7 +32,7 @@ from substrate_gpu.cdi.model import (
     Spec,
 )
 from substrate_gpu.cdi.names import QualifiedName, parse_qualified_name, qualified_name
-from substrate_gpu.cdi.parse import load_spec, parse_spec
+from substrate_gpu.cdi.parse import MAX_SPEC_BYTES, load_spec, parse_spec
 from substrate_gpu.cdi.specset import (
     SpecDirReader,
     SpecSet,
@@ -45,6 +45,7 @@ from substrate_gpu.cdi.versions import KNOWN_VERSIONS, minimum_required
 __all__ = [
     "ALL_DEVICES",
     "KNOWN_VERSIONS",
+    "MAX_SPEC_BYTES",
     "NVIDIA_GPU_KIND",
     "ContainerEdits",
     "Device",

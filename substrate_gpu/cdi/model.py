@@ -185,7 +185,19 @@ class Spec:
     source: str = "<string>"
     """Where the spec was read from, for error messages."""
     ignored_fields: tuple[str, ...] = ()
-    """Field paths present in the input but unknown to this parser (kept for logging)."""
+    """Field paths present in the input but unknown to this parser: only ever in a spec whose
+    ``cdiVersion`` is newer than any the parser knows (see :attr:`warning`)."""
+
+    @property
+    def warning(self) -> str | None:
+        """What a caller should warn about: a newer ``cdiVersion`` read with its unknown
+        fields ignored (``None`` for a spec of a version the parser knows)."""
+        if not self.ignored_fields:
+            return None
+        return (
+            f"{self.source}: cdiVersion {self.cdi_version} is newer than this parser knows;"
+            f" ignored its unknown fields: {', '.join(self.ignored_fields)}"
+        )
 
     def device(self, name: str) -> Device | None:
         """The device called ``name``, or ``None``."""

@@ -20,11 +20,20 @@ Design decisions (see docs/cdi-parsing.md for the long form):
   reference parser (``sigs.k8s.io/yaml.UnmarshalStrict``) rejects them too.
 * **YAML aliases, merge keys and non-string keys are rejected.** nvidia-ctk never writes them,
   and aliases allow "billion laughs" documents whose walk is exponential.
-* **Unknown fields.** By default they are accepted and their paths recorded in
-  :attr:`~substrate_gpu.cdi.model.Spec.ignored_fields` for the caller to log: a newer toolkit
-  adding a field must not take a node's GPUs down. ``strict=True`` rejects them, like the
-  reference parser (which decodes with ``DisallowUnknownFields``). Field names match exactly
-  (Go's JSON decoder would also match ``Path`` for ``path``; we treat that as unknown).
+* **Unknown fields are refused** for every ``cdiVersion`` this parser knows, naming the
+  field and the known one it is closest to, as the reference parser refuses them (it
+  decodes strictly): a typo (``deviceNode`` for ``deviceNodes``) would otherwise silently
+  drop device nodes, and the actor would get a GPU without ``nvidiactl``. Only a spec of a
+  ``cdiVersion`` *newer* than any known is read with its unknown fields ignored, their paths
+  in :attr:`~substrate_gpu.cdi.model.Spec.ignored_fields` and a
+  :attr:`~substrate_gpu.cdi.model.Spec.warning` for the caller to log: a newer toolkit must
+  not take a node's GPUs down. ``strict=True`` refuses that too (the reference knows no
+  newer version). Field names match exactly (Go's JSON decoder would also match ``Path``
+  for ``path``; we treat that as unknown).
+* **Bounded input.** A spec file over :data:`MAX_SPEC_BYTES` (16 MiB; a generated spec is
+  ~30 KiB) is refused before it is read whole, and a string field holding a NUL byte is
+  refused (no path, name or env entry can hold one; it would cut the string short in the
+  runtime's C code).
 * **Types are exact.** An integer field takes an integer (not ``true``, not ``195.0``, not
   ``"195"``), a string field a string. ``null`` means "absent", as in Go.
 * **Validation** follows the reference ``producer`` validator (names, env, device node types
@@ -35,6 +44,7 @@ Design decisions (see docs/cdi-parsing.md for the long form):
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -47,7 +57,11 @@ from substrate_gpu import exceptions
 from substrate_gpu._yaml import SafeLoader as _SafeLoader
 from substrate_gpu.cdi import bodies, model, versions
 
-__all__ = ["load_spec", "parse_spec"]
+__all__ = ["MAX_SPEC_BYTES", "load_spec", "parse_spec"]
+
+#: The largest spec file read (``--max-spec-bytes`` in the CLI): a generated spec is ~30 KiB,
+#: a 300 MB string took ~1 GB of memory to parse.
+MAX_SPEC_BYTES: Final = 16 * 1024 * 1024
 
 _INT64_MAX: Final = 2**63 - 1
 _UINT32_MAX: Final = 2**32 - 1
@@ -194,12 +208,19 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+def _unknown_field(key: str, known: frozenset[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(known))}"
+    return f"unknown field ({hint}); a spec of a known cdiVersion may hold only known fields"
+
+
 class _Reader:
     """One pass over a decoded document, building model values and checking every field."""
 
-    def __init__(self, source: str, *, strict: bool, version: versions.Version) -> None:
+    def __init__(self, source: str, *, tolerant: bool, version: versions.Version) -> None:
         self.source = source
-        self.strict = strict
+        self.tolerant = tolerant
+        """Record unknown fields instead of refusing them (a newer cdiVersion only)."""
         self.version = version
         self.ignored: list[str] = []
 
@@ -216,8 +237,8 @@ class _Reader:
                 self.fail(path, f"expected string keys, got {_describe(key)}")
             if key not in known:
                 field = _join(path, key)
-                if self.strict:
-                    self.fail(field, "unknown field (strict mode refuses fields it does not know)")
+                if not self.tolerant:
+                    self.fail(field, _unknown_field(key, known))
                 self.ignored.append(field)
         return value
 
@@ -233,6 +254,8 @@ class _Reader:
             self.fail(path, "missing")
         if not isinstance(value, str):
             self.fail(path, f"expected a string, got {_describe(value)}")
+        if "\0" in value:
+            self.fail(path, f"contains a NUL byte (at character {value.index(chr(0))})")
         return value
 
     def optional_string(self, value: object, path: str) -> str | None:
@@ -494,15 +517,21 @@ def _spec_from(document: object, source: str, *, strict: bool) -> model.Spec:
             f"the top level must be a mapping (a CDI spec object), got {_describe(document)}",
         )
     # cdiVersion first: the presence rules of the walk below depend on it.
-    bootstrap = _Reader(source, strict=strict, version=(0, 0, 0))
+    bootstrap = _Reader(source, tolerant=False, version=(0, 0, 0))
     version_text = bootstrap.string(document.get("cdiVersion"), "cdiVersion")
     version = versions.normalize(version_text)
-    if version is None:
+    newer = None if version is not None or strict else versions.newer_than_known(version_text)
+    if newer is not None:
+        # Newer than any we know: read as the newest known, unknown fields ignored (warned).
+        version = version_text.removeprefix("v")
+        reader = _Reader(source, tolerant=True, version=versions.as_tuple(versions.LATEST))
+    elif version is None:
         bootstrap.fail(
             "cdiVersion",
             f"unknown CDI version {version_text!r} (known: {', '.join(versions.KNOWN_VERSIONS)})",
         )
-    reader = _Reader(source, strict=strict, version=versions.as_tuple(version))
+    else:
+        reader = _Reader(source, tolerant=False, version=versions.as_tuple(version))
     raw = reader.mapping(document, "", _SPEC_FIELDS)
 
     kind = reader.string(raw.get("kind"), "kind")
@@ -554,13 +583,25 @@ def _spec_from(document: object, source: str, *, strict: bool) -> model.Spec:
 # --------------------------------------------------------------------------- public API
 
 
-def parse_spec(data: str | bytes, *, source: str = "<string>", strict: bool = False) -> model.Spec:
+def parse_spec(
+    data: str | bytes,
+    *,
+    source: str = "<string>",
+    strict: bool = False,
+    max_bytes: int = MAX_SPEC_BYTES,
+) -> model.Spec:
     """Parse and validate a CDI spec given as JSON or YAML text.
 
-    ``source`` names the input in errors. With ``strict`` unknown fields are errors; without,
-    their paths are returned in :attr:`~substrate_gpu.cdi.model.Spec.ignored_fields`.
-    Raises :class:`~substrate_gpu.exceptions.CdiSpecError` for every problem.
+    ``source`` names the input in errors. Unknown fields are errors, except in a spec whose
+    ``cdiVersion`` is newer than any known: their paths are then returned in
+    :attr:`~substrate_gpu.cdi.model.Spec.ignored_fields` — unless ``strict``, which refuses
+    them and the newer version, as the reference parser does. Input over ``max_bytes``
+    (UTF-8) is refused. Raises :class:`~substrate_gpu.exceptions.CdiSpecError` for every
+    problem.
     """
+    size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise exceptions.CdiSpecError(source, "", _too_large(max_bytes))
     if isinstance(data, bytes):
         try:
             text = data.decode("utf-8-sig")
@@ -577,14 +618,27 @@ def parse_spec(data: str | bytes, *, source: str = "<string>", strict: bool = Fa
     return _spec_from(document, source, strict=strict)
 
 
-def load_spec(path: str | os.PathLike[str], *, strict: bool = False) -> model.Spec:
-    """Read the file at ``path`` and :func:`parse_spec` it, naming the file in every error."""
+def _too_large(limit: int) -> str:
+    return (
+        f"the spec is larger than the limit of {limit} bytes ({limit / 2**20:g} MiB; a"
+        " generated spec is ~30 KiB); raise it with --max-spec-bytes if this one is genuine"
+    )
+
+
+def load_spec(
+    path: str | os.PathLike[str], *, strict: bool = False, max_bytes: int = MAX_SPEC_BYTES
+) -> model.Spec:
+    """Read the file at ``path`` and :func:`parse_spec` it, naming the file in every error.
+
+    A file over ``max_bytes`` is refused without being read whole."""
     source = os.fspath(path)
     try:
         with open(source, "rb") as file:  # noqa: PTH123 - path may be any PathLike
-            data = file.read()
+            data = file.read(max_bytes + 1)
     except OSError as e:
         raise exceptions.CdiSpecError(
             source, "", f"cannot read the spec file: {e.strerror or e}"
         ) from e
-    return parse_spec(data, source=source, strict=strict)
+    if len(data) > max_bytes:
+        raise exceptions.CdiSpecError(source, "", _too_large(max_bytes))
+    return parse_spec(data, source=source, strict=strict, max_bytes=max_bytes)

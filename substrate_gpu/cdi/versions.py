@@ -50,6 +50,16 @@ def normalize(text: str) -> str | None:
     return bare if bare in KNOWN_VERSIONS else None
 
 
+def newer_than_known(text: str) -> Version | None:
+    """``text`` (``[v]MAJOR.MINOR.PATCH``) as a version when it is newer than :data:`LATEST`,
+    else ``None``: a spec a newer toolkit wrote, which may hold fields this parser predates."""
+    parts = text.removeprefix("v").split(".")
+    if len(parts) != 3 or not all(part.isascii() and part.isdigit() for part in parts):
+        return None
+    version = (int(parts[0]), int(parts[1]), int(parts[2]))
+    return version if version > as_tuple(LATEST) else None
+
+
 def as_tuple(version: str) -> Version:
     """A known version (as returned by :func:`normalize`) as comparable integers."""
     major, minor, patch = (int(part) for part in version.split("."))

@@ -51,6 +51,21 @@ def _common_paths(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="the mounted NVIDIA toolkit (default: /opt/nvidia-toolkit)",
     )
+    parser.add_argument(
+        "--max-spec-bytes",
+        type=int,
+        default=cdi.MAX_SPEC_BYTES,
+        metavar="BYTES",
+        help="refuse a CDI spec file larger than this (default: 16 MiB; a generated spec is"
+        " ~30 KiB)",
+    )
+
+
+def _load_spec(path: Path, args: argparse.Namespace) -> model.Spec:
+    spec = cdi.load_spec(path, max_bytes=args.max_spec_bytes)
+    if spec.warning is not None:
+        print(f"warning: {spec.warning}", file=sys.stderr)
+    return spec
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -123,7 +138,7 @@ async def _generated_spec(args: argparse.Namespace) -> model.Spec:
 
 def run_inject(args: argparse.Namespace) -> int:
     """Handler of ``inject``."""
-    spec = anyio.run(_generated_spec, args) if args.generate else cdi.load_spec(args.cdi_spec)
+    spec = anyio.run(_generated_spec, args) if args.generate else _load_spec(args.cdi_spec, args)
     options = bundle_.InjectionOptions(
         driver_root=args.driver_root, dev_root=args.dev_root, toolkit_dir=args.toolkit_dir
     )
@@ -183,7 +198,7 @@ def _device_row(node: model.DeviceNode, dev_root: Path) -> tuple[str, ...]:
 
 def run_cdi_show(args: argparse.Namespace) -> int:
     """Handler of ``cdi show``."""
-    spec = cdi.load_spec(args.file)
+    spec = _load_spec(args.file, args)
     edits = cdi.edits_for_all(spec)
     plan = oci.plan_injection(
         edits,
@@ -194,8 +209,6 @@ def run_cdi_show(args: argparse.Namespace) -> int:
     print(f"{spec.source}: cdiVersion {spec.cdi_version}, kind {spec.kind}")
     names = ", ".join(d.name for d in spec.devices)
     print(f"devices in spec: {names} (injecting: spec-level edits + 'all')")
-    if spec.ignored_fields:
-        print(f"ignored unknown fields: {', '.join(spec.ignored_fields)}")
     nodes: dict[str, model.DeviceNode] = {}
     for node in edits.device_nodes:
         nodes.setdefault(node.path, node)

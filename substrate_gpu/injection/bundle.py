@@ -22,11 +22,10 @@ import errno
 import os
 import posixpath
 import stat
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import msgspec
 import structlog
@@ -85,7 +84,6 @@ class InjectionReport:
 
 
 _Devices = tuple[devices_.ResolvedDevice, ...]
-_V = TypeVar("_V")
 
 
 @dataclass(frozen=True)
@@ -101,20 +99,17 @@ class _Resolution:
     """The watch's token, armed before the stats (``None``: the nodes are not watched)."""
 
 
-#: Device sets a :class:`PlanCache` remembers (a worker's actors each hold their own GPUs).
-PLAN_CACHE_SIZE = 64
-
-
 class PlanCache:
-    """Remembers injection plans, so later actors on a worker skip re-planning.
+    """Remembers the last injection plan, so later actors on a worker skip re-planning.
 
     The plan is a pure function of the edits, the resolved devices, the driver root and the
     hook binary. The edits are compared by identity (the worker's parsed spec is shared and
     immutable; the agent keeps one edits object per requested device set), the rest by
-    value; the last :data:`PLAN_CACHE_SIZE` device sets are kept. The resolution of the
-    device nodes is reused while the host watch says none of the host nodes changed since
-    they were last stat-ed, or, where the nodes cannot be watched, while they stat the same.
-    Safe to share between threads: each entry is replaced as one object.
+    value; only the last device set is kept (more bought nothing a user sees: a plan costs
+    well under a millisecond next to the ~300 ms of ``runsc create``; docs/gpu-injection.md).
+    The resolution of the device nodes is reused while the host watch says none of the host
+    nodes changed since they were last stat-ed, or, where the nodes cannot be watched, while
+    they stat the same. Safe to share between threads: each entry is replaced as one object.
 
     ``watch``: as for :class:`~substrate_gpu.rootfs.sonames.SonameCache`.
     """
@@ -123,20 +118,11 @@ class PlanCache:
         self, *, watch: host_watch.HostWatch | Literal["shared"] | None = "shared"
     ) -> None:
         self._watch = watch
-        self._lock = threading.Lock()
-        # By id() of the edits (each entry holds its edits, so the id stays theirs):
-        # (edits, key, plan) and the device resolution.
-        self._plans: dict[
-            int, tuple[model.ContainerEdits, tuple[object, ...], oci.InjectionPlan]
-        ] = {}
-        self._resolutions: dict[int, _Resolution] = {}
+        # The last (edits, key, plan) and the last device resolution.
+        self._plan: tuple[model.ContainerEdits, tuple[object, ...], oci.InjectionPlan] | None
+        self._plan = None
+        self._resolution: _Resolution | None = None
         self._hook_binaries: dict[Path, str] = {}
-
-    def _remember(self, entries: dict[int, _V], key: int, value: _V) -> None:
-        with self._lock:
-            if key not in entries and len(entries) >= PLAN_CACHE_SIZE:
-                del entries[next(iter(entries))]  # the oldest device set
-            entries[key] = value
 
     def hook_binary(self, toolkit_dir: Path) -> str:
         """:func:`hook_binary`, chosen once per worker like its spec (which nvidia-ctk of
@@ -153,7 +139,7 @@ class PlanCache:
         watch vouches for the host nodes, else while every node stat-s the same (type and
         numbers: all the resolution reads)."""
         watch = host_watch.shared() if self._watch == "shared" else self._watch
-        last = self._resolutions.get(id(edits))
+        last = self._resolution
         same = last is not None and last.edits is edits and last.dev_root == dev_root
         if (
             same
@@ -173,11 +159,7 @@ class PlanCache:
             resolved = last.resolved
         else:
             resolved = devices_.resolve_device_numbers(edits.device_nodes, dev_root=dev_root)
-        self._remember(
-            self._resolutions,
-            id(edits),
-            _Resolution(edits, dev_root, fingerprint, resolved, watch, token),
-        )
+        self._resolution = _Resolution(edits, dev_root, fingerprint, resolved, watch, token)
         return resolved
 
     def plan(
@@ -190,11 +172,11 @@ class PlanCache:
     ) -> oci.InjectionPlan:
         """The plan for these inputs, computed only when they changed."""
         key = (resolved, driver_root, hook_binary)
-        last = self._plans.get(id(edits))
+        last = self._plan
         if last is not None and last[0] is edits and last[1] == key:
             return last[2]
         plan = oci.plan_injection(edits, resolved, driver_root=driver_root, hook_binary=hook_binary)
-        self._remember(self._plans, id(edits), (edits, key, plan))
+        self._plan = (edits, key, plan)
         return plan
 
 
@@ -437,7 +419,7 @@ def inject_gpu(
         finally:
             os.close(root_fd)
 
-    new_config = oci.apply_plan(config, plan, in_place=True, for_encoding=True)
+    new_config = oci.apply_plan(config, plan, in_place=True)
     path = _config_path(bundle)
     try:
         _atomic.write_atomically(path, encode_config(new_config), mode=mode)

@@ -7,12 +7,15 @@ actor and NVML then reports that it cannot talk to the driver.
 
 Rules (the CDI reference library's ``fillMissingInfo``, checked against podman's copy of it):
 
+* every node is stat-ed on the host, and the host gives ``fileMode`` when the spec gives
+  none — **even for a complete node** (the reference does so since v1.0: a runtime that
+  turns device nodes into bind mounts needs the mode);
 * a node is **complete** when the spec gives its ``type`` and a non-zero ``major`` (or type
-  ``p``): it is taken as written and the host is not consulted;
-* any other node is stat-ed on the host (a missing node is an error): the host gives the
-  type (a type the spec gives must match), and ``fileMode`` when the spec gives none —
-  **even when the spec gives major/minor** (nvidia-ctk ≥ 1.19 writes ``major: 195`` and no
-  type, so this is the common case);
+  ``p``): apart from the mode it is taken as written, and a host without the node is not an
+  error (a vendor may describe a node fully);
+* any other node must exist on the host (a missing node is an error): the host gives the
+  type (a type the spec gives must match) — nvidia-ctk ≥ 1.19 writes ``major: 195`` and no
+  type, so this is the common case;
 * a spec's non-zero ``major`` keeps the spec's numbers (a real spec writes ``/dev/nvidia0``
   as ``major: 195`` with ``minor`` omitted, meaning 0); otherwise the host's numbers are used.
   A FIFO (``p``) has no numbers.
@@ -92,29 +95,22 @@ def _complete(node: model.DeviceNode) -> bool:
 def resolve_device(node: model.DeviceNode, *, dev_root: Path) -> ResolvedDevice:
     """Fill in type/major/minor/fileMode for one node (see the module docstring)."""
     permissions = node.permissions or DEFAULT_PERMISSIONS
-    if _complete(node):
-        return ResolvedDevice(
-            path=node.path,
-            host_path=node.source,
-            type=node.type or "c",
-            major=node.major or 0,
-            minor=node.minor or 0,
-            permissions=permissions,
-            file_mode=node.file_mode,
-            uid=node.uid,
-            gid=node.gid,
-        )
     # String paths and os.stat: this runs for every node of every actor (pathlib's joins
     # cost more than the stat itself here).
     on_host = os.path.join(dev_root, node.source.lstrip("/"))  # noqa: PTH118
     try:
         st = os.stat(on_host)  # noqa: PTH116
     except OSError as e:
+        if _complete(node):
+            return _as_written(node, permissions, node.file_mode)
         raise exceptions.DeviceResolutionError(
             f"while resolving device node {node.path}: cannot stat {on_host} on the host "
             f"({e.strerror or e}); the CDI spec names a device this worker does not have — "
             "regenerate the spec on this worker (nvidia-ctk cdi generate)"
         ) from e
+    file_mode = node.file_mode if node.file_mode is not None else stat.S_IMODE(st.st_mode)
+    if _complete(node):
+        return _as_written(node, permissions, file_mode)
     kind = _type_of(st.st_mode)
     if kind is None:
         raise exceptions.DeviceResolutionError(
@@ -139,33 +135,43 @@ def resolve_device(node: model.DeviceNode, *, dev_root: Path) -> ResolvedDevice:
         major=major,
         minor=minor,
         permissions=permissions,
-        file_mode=node.file_mode if node.file_mode is not None else stat.S_IMODE(st.st_mode),
+        file_mode=file_mode,
+        uid=node.uid,
+        gid=node.gid,
+    )
+
+
+def _as_written(node: model.DeviceNode, permissions: str, file_mode: int | None) -> ResolvedDevice:
+    """A complete node: the spec's type and numbers, as written."""
+    return ResolvedDevice(
+        path=node.path,
+        host_path=node.source,
+        type=node.type or "c",
+        major=node.major or 0,
+        minor=node.minor or 0,
+        permissions=permissions,
+        file_mode=file_mode,
         uid=node.uid,
         gid=node.gid,
     )
 
 
 def host_paths(nodes: Iterable[model.DeviceNode], *, dev_root: Path = Path("/")) -> list[str]:
-    """The host paths :func:`resolve_device` stats (nodes the spec does not describe
-    fully), normalised, in order (relative when ``dev_root`` is)."""
+    """The host paths :func:`resolve_device` stats (every node's), normalised, in order
+    (relative when ``dev_root`` is)."""
     return [
         os.path.normpath(os.path.join(dev_root, node.source.lstrip("/")))  # noqa: PTH118
         for node in nodes
-        if not _complete(node)
     ]
 
 
 def host_fingerprint(
     nodes: Iterable[model.DeviceNode], *, dev_root: Path = Path("/")
 ) -> tuple[object, ...]:
-    """What :func:`resolve_device` reads from the host for each node: the type and numbers
-    of its host node (``None`` for a node the spec describes fully, or one that cannot be
-    stat-ed: resolving it again raises the error)."""
+    """What :func:`resolve_device` reads from the host for each node: the mode, type and
+    numbers of its host node (``None`` for one that cannot be stat-ed)."""
     seen: list[object] = []
     for node in nodes:
-        if _complete(node):
-            seen.append(None)
-            continue
         try:
             st = os.stat(os.path.join(dev_root, node.source.lstrip("/")))  # noqa: PTH116, PTH118
         except OSError:

@@ -15,9 +15,11 @@ Each rule and its reason (see docs/gpu-injection.md):
 - A bundle that already holds a GPU node (``/dev/nvidiaN``) the plan does not grant is
   refused: injecting GPU 1 next to an earlier injection's GPU 2 would hand out two GPUs.
 - Mounts are copied as given (type defaults to ``bind``); a spec mount replaces a mount the
-  config already has at the same destination; then all mounts are stably ordered by
-  destination depth and then destination, as the CDI reference does, so a parent directory
-  is mounted before anything below it.
+  config already has at the same destination and is appended after the config's; then all
+  mounts are sorted, stably, by the depth of their destination only (the separators in the
+  cleaned path), as the CDI reference does since v1.0.0: a parent directory is mounted
+  before anything below it, and mounts of the same depth keep their order (a runtime's
+  baseline ``/proc``, ``/dev``, ``/sys`` stays in that order).
 - ``additionalGids`` skip GID 0 (the reference does: never add the root group to an actor).
 - Every ``NVIDIA_VISIBLE_DEVICES=`` entry is dropped, the image's and the spec's alike:
   with it set, runsc runs nvidia-container-cli itself and injects a second time.
@@ -30,36 +32,26 @@ Each rule and its reason (see docs/gpu-injection.md):
 
 from __future__ import annotations
 
-import bisect
 import copy
 import functools
-import operator
 import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar, cast
-
-import msgspec
+from typing import TYPE_CHECKING, cast
 
 from substrate_gpu import exceptions
 from substrate_gpu.injection import hooks as hooks_
 from substrate_gpu.injection import oci_bodies
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Iterable
 
     from substrate_gpu.cdi import model
     from substrate_gpu.injection.devices import ResolvedDevice
 
 #: An OCI runtime config (config.json) as parsed JSON (field types: :mod:`.oci_bodies`).
 OciConfig = oci_bodies.Config
-
-_ENCODER = msgspec.json.Encoder()
-
-_Entry = TypeVar("_Entry")
-
-_first = operator.itemgetter(0)
 
 _VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 _LD_LIBRARY_PATH = "LD_LIBRARY_PATH"
@@ -99,60 +91,8 @@ class InjectionPlan:
     libraries whose SONAME links are staged."""
     mount_destinations: frozenset[str] = frozenset()
     """The cleaned destinations of :attr:`mounts` (a config mount there is replaced)."""
-    ordered_mounts: tuple[tuple[tuple[int, str], model.Mount], ...] = ()
-    """:attr:`mounts` stably sorted by the reference's mount order, with their sort keys."""
     device_paths: frozenset[str] = frozenset()
     """The container paths of :attr:`devices`."""
-    ready: ReadyJson | None = None
-    """The plan's own OCI entries built and encoded once (see :func:`apply_plan`)."""
-
-
-@dataclass(frozen=True)
-class ReadyJson:
-    """An :class:`InjectionPlan`'s own OCI entries, built and encoded once per plan.
-
-    The bundle writer applies the same plan for every actor of a worker and encodes the
-    result at once; these let it insert ready JSON (``msgspec.Raw``, encoded verbatim)
-    instead of building and encoding the same objects again.
-    """
-
-    mount_keys: tuple[tuple[int, str], ...]
-    """The sort keys of :attr:`InjectionPlan.ordered_mounts`, in order (for ``bisect``)."""
-    mounts: tuple[msgspec.Raw, ...]
-    """The OCI entry of each of :attr:`InjectionPlan.ordered_mounts`."""
-    root_devices: tuple[msgspec.Raw, ...]
-    """The ``linux.devices`` entries for a process running as uid 0, gid 0."""
-    rules: tuple[tuple[oci_bodies.LinuxDeviceCgroup, msgspec.Raw], ...]
-    """Each distinct cgroup rule (first occurrence, in device order) and its JSON."""
-    hooks: tuple[tuple[oci_bodies.Hook, msgspec.Raw], ...]
-    """Each distinct hook entry (first occurrence, in order) and its JSON."""
-
-
-def _distinct(entries: Iterable[_Entry]) -> list[_Entry]:
-    distinct: list[_Entry] = []
-    for entry in entries:
-        if entry not in distinct:
-            distinct.append(entry)
-    return distinct
-
-
-def _ready_json(
-    ordered: tuple[tuple[tuple[int, str], model.Mount], ...],
-    devices: tuple[ResolvedDevice, ...],
-    hooks: tuple[model.Hook, ...],
-) -> ReadyJson:
-    def raw(entry: object) -> msgspec.Raw:
-        return msgspec.Raw(_ENCODER.encode(entry))
-
-    rules = _distinct(_cgroup_rule(d) for d in devices if d.type in CGROUP_TYPES)
-    hook_entries = _distinct(_hook_entry(h) for h in hooks)
-    return ReadyJson(
-        mount_keys=tuple(key for key, _ in ordered),
-        mounts=tuple(raw(_mount_entry(m)) for _, m in ordered),
-        root_devices=tuple(raw(_device_entry(d, 0, 0)) for d in devices),
-        rules=tuple((rule, raw(rule)) for rule in rules),
-        hooks=tuple((entry, raw(entry)) for entry in hook_entries),
-    )
 
 
 def env_key(entry: str) -> str:
@@ -207,7 +147,6 @@ def plan_injection(
             kept.append(hooks_.rewrite_hook(hook, decision.subcommand, hook_binary))
         else:
             skipped.append(decision)
-    ordered = tuple(sorted(((_order_key(m.container_path), m) for m in mounts), key=lambda p: p[0]))
     return InjectionPlan(
         libraries=tuple(
             (_host_path(m.host_path), m.container_path)
@@ -217,9 +156,7 @@ def plan_injection(
         devices=devices,
         mounts=tuple(mounts),
         mount_destinations=frozenset(_clean(m.container_path) for m in mounts),
-        ordered_mounts=ordered,
         device_paths=frozenset(d.path for d in devices),
-        ready=_ready_json(ordered, devices, tuple(kept)),
         env=tuple(e for e in edits.env if env_key(e) != _VISIBLE_DEVICES),
         driver_library_dir=driver_library_dir(edits, driver_root),
         hooks=tuple(kept),
@@ -300,24 +237,6 @@ def merge_env(image_env: Iterable[str], plan: InjectionPlan) -> list[str]:
     if plan.driver_library_dir is not None:
         env = _merge_ld_library_path(env, plan.driver_library_dir)
     return env
-
-
-#: The last merged env of each plan, by id() of the plan (each entry holds its plan).
-_merged_envs: dict[int, tuple[InjectionPlan, tuple[str, ...], tuple[str, ...]]] = {}
-_MERGED_ENVS_SIZE = 64
-
-
-def _merged_env(image_env: tuple[str, ...], plan: InjectionPlan) -> list[str]:
-    """:func:`merge_env`, remembered per plan for its last image env (the actors of a
-    worker run few images)."""
-    last = _merged_envs.get(id(plan))
-    if last is not None and last[0] is plan and last[1] == image_env:
-        return list(last[2])
-    merged = merge_env(image_env, plan)
-    if len(_merged_envs) >= _MERGED_ENVS_SIZE:
-        _merged_envs.clear()  # a worker has a few plans; many means churn: start over
-    _merged_envs[id(plan)] = (plan, image_env, tuple(merged))
-    return merged
 
 
 #: Device types that get a cgroup rule (the reference: block and char only).
@@ -406,9 +325,10 @@ def _clean(path: str) -> str:
     return posixpath.normpath(path) if path else path
 
 
-def _order_key(destination: str) -> tuple[int, str]:
-    # The reference's orderedMounts: separators in the cleaned destination, then the name.
-    return _clean(destination).count("/"), destination
+def _depth(mount: object) -> int:
+    """The reference's ``orderedMounts`` key: separators in the cleaned destination."""
+    destination = mount.get("destination") if isinstance(mount, dict) else None
+    return _clean(destination).count("/") if isinstance(destination, str) else 0
 
 
 def _process_ids(process: dict[str, object]) -> tuple[int, int]:
@@ -422,17 +342,11 @@ def _process_ids(process: dict[str, object]) -> tuple[int, int]:
     )
 
 
-def apply_plan(
-    config: OciConfig, plan: InjectionPlan, *, in_place: bool = False, for_encoding: bool = False
-) -> OciConfig:
+def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False) -> OciConfig:
     """A new OCI config with ``plan`` applied; ``config`` is not modified.
 
     ``in_place=True`` edits ``config`` itself instead of a deep copy: for a caller that owns
-    a freshly parsed config (the bundle writer), the copy is pure overhead on the hot path.
-    ``for_encoding=True`` (with ``in_place``) puts the plan's own entries in as the plan's
-    ready JSON (:class:`ReadyJson`, ``msgspec.Raw``): for a caller that encodes the result
-    at once with msgspec, which then writes the very same bytes, without building fifty
-    mount objects per actor to encode them again.
+    a freshly parsed config (the bundle writer), the copy is pure overhead.
 
     Entries already present (same device path or mount destination: replaced; identical
     rule or hook: kept once) are not added twice. Raises
@@ -440,9 +354,6 @@ def apply_plan(
     where we must write, or holds GPU nodes the plan does not grant.
     """
     refuse_foreign_gpus(config, plan)
-    ready = plan.ready if for_encoding else None
-    if for_encoding and not in_place:
-        raise ValueError("for_encoding=True edits the config in place: pass in_place=True")
     result = config if in_place else copy.deepcopy(config)
     # Walked as untrusted JSON: every level is type-checked before it is written to.
     raw = cast("dict[str, object]", result)
@@ -452,53 +363,28 @@ def apply_plan(
     devices = _list(linux, "devices", ".linux")
     replaced = plan.device_paths
     devices[:] = [d for d in devices if not (isinstance(d, dict) and d.get("path") in replaced)]
-    if ready is not None and uid == 0 and gid == 0:
-        devices.extend(ready.root_devices)
-    else:
-        devices.extend(_device_entry(d, uid, gid) for d in plan.devices)
+    devices.extend(_device_entry(d, uid, gid) for d in plan.devices)
 
     rules = _list(_child(linux, "resources", ".linux"), "devices", ".linux.resources")
-    if ready is not None:
-        # The plan's rules are distinct: only the config's own can hold one already.
-        rules.extend([encoded for rule, encoded in ready.rules if rule not in rules])
-    else:
-        for device in plan.devices:
-            if device.type not in CGROUP_TYPES:
-                continue
-            rule = _cgroup_rule(device)
-            if rule not in rules:
-                rules.append(rule)
+    for device in plan.devices:
+        if device.type not in CGROUP_TYPES:
+            continue
+        rule = _cgroup_rule(device)
+        if rule not in rules:
+            rules.append(rule)
 
     if plan.mounts:
         mounts = _list(raw, "mounts", "")
         ours = plan.mount_destinations
-        # Equal to a stable sort of (kept config mounts + plan mounts) by _order_key: the
-        # plan's mounts are pre-sorted (stably) once per plan, so only the config's few are
-        # sorted here and each put before the first plan mount not ordered before it.
-        kept: list[tuple[tuple[int, str], object]] = []
-        for m in mounts:
-            destination = str(m.get("destination") or "") if isinstance(m, dict) else ""
-            clean = _clean(destination)
-            if clean in ours and isinstance(m, dict):
-                continue  # replaced by the plan's mount at the same destination
-            kept.append(((clean.count("/"), destination), m))
-        kept.sort(key=_first)
-        ours_ready: Sequence[object] = (
-            ready.mounts if ready is not None else [_mount_entry(m) for _, m in plan.ordered_mounts]
-        )
-        keys = [key for key, _ in plan.ordered_mounts] if ready is None else ready.mount_keys
-        merged: list[object] = []
-        start = 0
-        for key, mount in kept:
-            end = bisect.bisect_left(keys, key, lo=start)
-            merged.extend(ours_ready[start:end])
-            merged.append(mount)
-            start = end
-        merged.extend(ours_ready[start:])
-        mounts[:] = merged
+        mounts[:] = [
+            m
+            for m in mounts
+            if not (isinstance(m, dict) and _clean(str(m.get("destination") or "")) in ours)
+        ]
+        mounts.extend(_mount_entry(m) for m in plan.mounts)
+        mounts.sort(key=_depth)  # stable: the same depth keeps the order above
 
-    image_env = tuple(str(e) for e in _list(process, "env", ".process"))
-    process["env"] = _merged_env(image_env, plan)
+    process["env"] = merge_env((str(e) for e in _list(process, "env", ".process")), plan)
 
     if plan.additional_gids:
         user = _child(process, "user", ".process")
@@ -507,11 +393,8 @@ def apply_plan(
 
     if plan.hooks:
         hook_list = _list(_child(raw, "hooks", ""), hooks_.HOOK_POINT, ".hooks")
-        if ready is not None:
-            hook_list.extend([encoded for entry, encoded in ready.hooks if entry not in hook_list])
-        else:
-            for hook in plan.hooks:
-                entry = _hook_entry(hook)
-                if entry not in hook_list:
-                    hook_list.append(entry)
+        for hook in plan.hooks:
+            entry = _hook_entry(hook)
+            if entry not in hook_list:
+                hook_list.append(entry)
     return result

@@ -225,4 +225,6 @@ class CdiSpecGenerator:
             devices=len(spec.devices),
             ignored_fields=len(spec.ignored_fields),
         )
+        if spec.warning is not None:  # a toolkit newer than this parser
+            log.warning("cdi_spec_version_newer", detail=spec.warning)
         return spec

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from substrate_gpu import _yaml
 from substrate_gpu.exceptions import ConfigError
 from substrate_gpu.pools import crd, model, shaping, validation
 
@@ -73,8 +74,10 @@ class PoolDocument:
 def parse_documents(text: str, source: str) -> list[PoolDocument]:
     """Every non-empty document of ``text``; YAML errors name ``source``, line and column."""
     docs: list[tuple[int, object]] = []
-    loader = yaml.SafeLoader(text)
+    loader: _yaml.SafeLoader | None = None
     try:
+        # Built inside the try: the C loader reads (and refuses, say, a NUL byte) at once.
+        loader = _yaml.SafeLoader(text)
         while loader.check_node():
             node = loader.get_node()
             if node is None:  # pragma: no cover - check_node promised one
@@ -82,15 +85,29 @@ def parse_documents(text: str, source: str) -> list[PoolDocument]:
             content = loader.construct_document(node)
             if content is not None:  # an empty document between two `---`
                 docs.append((node.start_mark.line + 1, content))
+    except yaml.reader.ReaderError as e:  # a character YAML does not allow (NUL, say)
+        line = text.count("\n", 0, e.position) + 1
+        column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        raise PoolYamlError(
+            f"while reading {source}:{line}:{column}: invalid YAML: character"
+            f" {chr(e.character) if isinstance(e.character, int) else e.character!r}"
+            " is not allowed in YAML; fix the file and retry"
+        ) from e
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
-        problem = getattr(e, "problem", None) or str(e)
+        problem = " ".join((getattr(e, "problem", None) or str(e)).split())
         raise PoolYamlError(
             f"while reading {where}: invalid YAML: {problem}; fix the file and retry"
         ) from e
+    except RecursionError as e:
+        raise PoolYamlError(
+            f"while reading {source}: invalid YAML: nested too deeply for a pool file;"
+            " fix the file and retry"
+        ) from e
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if len(docs) == 1:
         return [PoolDocument(source, docs[0][0], docs[0][1])]
     return [PoolDocument(f"{source}#{i}", line, c) for i, (line, c) in enumerate(docs, 1)]

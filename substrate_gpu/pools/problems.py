@@ -13,6 +13,7 @@ from enum import StrEnum
 from substrate_gpu import exceptions
 
 __all__ = [
+    "APISERVER_CODES",
     "STRUCTURAL_CODES",
     "Code",
     "PoolValidationError",
@@ -46,12 +47,19 @@ class Code(StrEnum):
     SHARING_WITHOUT_GPU = "sharing-without-gpu"
     GPU_OVERSUBSCRIBED = "gpu-oversubscribed"
     RESERVED_KEY = "reserved-key"
+    # Kubernetes' own object limits: the API server enforces them itself (on the pool's
+    # metadata, and on the worker pod the controller renders), not the CRD.
+    ANNOTATIONS_TOO_LONG = "annotations-too-long"
     # Warnings: Python only (a CRD cannot warn).
     DISTROLESS_IMAGE = "distroless-image"
 
 
 STRUCTURAL_CODES = frozenset({Code.TYPE, Code.UNKNOWN_FIELD, Code.REQUIRED})
 """Codes the CRD enforces through its schema rather than through CEL."""
+
+APISERVER_CODES = frozenset({Code.ANNOTATIONS_TOO_LONG})
+"""Codes of limits Kubernetes applies to every object, checked here so ``pool validate``
+refuses what the API server would (the pod's annotations only when the pod is created)."""
 
 
 @dataclass(frozen=True)

@@ -378,6 +378,34 @@ def _check_reserved_keys(spec: Mapping[str, object], out: _Collector) -> None:
             )
 
 
+#: Kubernetes' limit on an object's annotations, keys and values together
+#: (``TotalAnnotationSizeLimitB`` in apimachinery's ValidateAnnotationsSize).
+ANNOTATIONS_MAX_BYTES = 256 * 1024
+
+
+def _check_annotation_size(
+    metadata: Mapping[str, object], spec: Mapping[str, object], out: _Collector
+) -> None:
+    # The pool's own, and the two maps the controller copies onto the worker pod.
+    for path, values in [
+        (["metadata", "annotations"], _m(metadata.get("annotations"))),
+        (["spec", "annotations"], _m(spec.get("annotations"))),
+        (["spec", "template", "annotations"], _m(_m(spec.get("template")).get("annotations"))),
+    ]:
+        size = sum(
+            len(key.encode()) + len(value.encode())
+            for key, value in values.items()
+            if isinstance(key, str) and isinstance(value, str)
+        )
+        if size > ANNOTATIONS_MAX_BYTES:
+            out.error(
+                path,
+                Code.ANNOTATIONS_TOO_LONG,
+                f"must be at most {ANNOTATIONS_MAX_BYTES} bytes in total, keys and values"
+                f" (Kubernetes refuses larger annotations on any object); these are {size}",
+            )
+
+
 def _check_image(spec: Mapping[str, object], out: _Collector) -> None:
     image = spec.get("ateomImage")
     if isinstance(image, str) and _gpu_value(spec) is not None and _DISTROLESS.search(image):
@@ -425,6 +453,7 @@ def validate_document(doc: object) -> ValidationReport:
     _check_sandbox_class(spec, out)
     _check_sharing(spec, out)
     _check_reserved_keys(spec, out)
+    _check_annotation_size(cast("Mapping[str, object]", metadata), spec, out)
     _check_image(spec, out)
     return ValidationReport(tuple(out.errors), tuple(out.warnings))
 

@@ -20,7 +20,11 @@ same file names and real SONAMEs. Printed side by side, in one run, per base dir
   same SONAME links with plain ``os.makedirs`` + ``os.symlink`` (target ≤ 1.5× the floor);
   the same with actors rotating over all 8 GPUs (each round another GPU, against the floor
   writing that GPU's config.json); and the name resolution (``edits_for_devices``, uncached)
-  on its own.
+  on its own;
+- **the user-visible figure** (``--base-commit``, default the commit before the injection
+  path was simplified): warm injection of the same T4 bundle by this checkout and by that
+  commit's package (child processes, alternating), next to a real ``runsc create`` of the
+  injected bundle (``runc create`` when runsc is not built), and the sum of the two for each.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import stat
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable
@@ -52,6 +57,11 @@ from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.rootfs.sonames import SonameCache, open_for_reading, read_soname
 from substrate_gpu.testing import bundles
 
+ROOT = Path(__file__).resolve().parents[2]
+#: The commit before the injection path was simplified (one apply path, mounts stably
+#: sorted by depth, no pre-encoded entries, no multi-entry plan memo, no env memo).
+BASE_COMMIT = "630d98f"
+
 T4_SPEC = (
     Path(__file__).resolve().parents[1]
     / "data/cdi/real-world/kwx4957-study__ctk-1.20.0__drv-615.71.09__rocky9-T4.yaml"
@@ -64,9 +74,16 @@ def soname_for(name: str) -> str:
     return f"{stem}.so.1" if version.count(".") == 2 and version.startswith("6") else name
 
 
+def edits_under(root: Path, edits: model.ContainerEdits) -> model.ContainerEdits:
+    """``edits`` with every mount's host path under ``root``."""
+    mounts = tuple(
+        dataclasses.replace(m, host_path=str(root / m.host_path.lstrip("/"))) for m in edits.mounts
+    )
+    return dataclasses.replace(edits, mounts=mounts)
+
+
 def build_host_tree(root: Path, edits: model.ContainerEdits) -> model.ContainerEdits:
     """Create every mounted file under ``root``; return edits pointing there."""
-    mounts = []
     for mount in edits.mounts:
         host = root / mount.host_path.lstrip("/")
         host.parent.mkdir(parents=True, exist_ok=True)
@@ -75,8 +92,7 @@ def build_host_tree(root: Path, edits: model.ContainerEdits) -> model.ContainerE
             elflibs.build_shared_library(host.parent, name, soname_for(name))
         else:
             host.write_text("")
-        mounts.append(dataclasses.replace(mount, host_path=str(host)))
-    return dataclasses.replace(edits, mounts=tuple(mounts))
+    return edits_under(root, edits)
 
 
 def median_ms(run: Callable[[], object], rounds: int, setup: Callable[[], object]) -> float:
@@ -364,8 +380,9 @@ def bench_per_device(
         (rotate_ms, rotate_min), (rotate_floor_ms, rotate_floor_min) = rotating
         label = f"per-device warm injection ({request[0]} of {gpus})"
         rotate_label = f"per-device warm injection, actors rotating over the {gpus} GPUs"
-        median_ok = targets.judge("per-device median ≤ 1.5×", warm_ms <= 1.5 * floor_ms)
-        best_ok = targets.judge("per-device best ≤ 1.5×", warm_min <= 1.5 * floor_min)
+        # Figures only since issue 24: the memo that held these within 1.5x the floor went,
+        # judged on what a user sees (warm injection + create, bench_user_visible).
+        median_ok = best_ok = "figure only"
         return [
             (f"{label}, median", warm_ms, f"{warm_ms / floor_ms:.2f}× the floor ({median_ok})"),
             (f"{label}, best", warm_min, f"{warm_min / floor_min:.2f}× the floor ({best_ok})"),
@@ -400,25 +417,211 @@ def bench_per_device(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--rounds", type=int, default=41)
-    parser.add_argument("--base", type=Path, action="append", help="directories to run in")
-    parser.add_argument("--smoke", action="store_true", help="3 rounds, one directory")
-    args = parser.parse_args()
-    if args.smoke:
-        args.rounds = 3
-        args.base = args.base or [Path(tempfile.gettempdir())]
+def warm_child(work: Path, rounds: int) -> None:
+    """In a child process, whichever ``substrate_gpu`` it imports: warm injections of the
+    T4 spec into fresh copies of ``work``/template (host tree built by the parent); prints
+    each round's seconds as JSON."""
+    edits = edits_under(work / "host", cdi.edits_for_all(cdi.load_spec(T4_SPEC)))
+    options = bundle_.InjectionOptions(driver_root="/usr", dev_root=work / "host")
+    warm, plans = SonameCache(), bundle_.PlanCache()
+    times = []
+    for index in range(rounds + 1):  # the first one warms the caches
+        target = work / f"child{os.getpid()}-{index}"
+        shutil.copytree(work / "template", target)
+        start = time.perf_counter()
+        bundle_.inject_gpu(target, edits, options=options, soname_cache=warm, plan_cache=plans)
+        times.append(time.perf_counter() - start)
+        shutil.rmtree(target)
+    print(json.dumps(times[1:]))
+
+
+def _package_tree(tmp: Path, commit: str) -> Path | None:
+    """``commit``'s package and test support, extracted; None without git."""
+    archive = tmp / "base.tar"
+    try:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "archive", "-o", str(archive), commit, "substrate_gpu"],
+            check=True,
+            capture_output=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    tree = tmp / "base-tree"
+    with tarfile.open(archive) as tar:
+        tar.extractall(tree, filter="data")
+    return tree
+
+
+def _child_times(package_root: Path, work: Path, rounds: int) -> list[float]:
+    # cwd and PYTHONPATH at the package's root: its substrate_gpu wins over the editable one.
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--warm-child", str(work), str(rounds)],
+        cwd=package_root,
+        env={**os.environ, "PYTHONPATH": str(package_root)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [float(t) for t in json.loads(result.stdout.strip().splitlines()[-1])]
+
+
+def _runtime() -> tuple[str, list[str]] | None:
+    """The OCI runtime whose ``create`` the user waits for: real runsc, else runc."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from support import real_runsc
+
+    runsc = real_runsc.find()
+    if runsc is not None:
+        return "runsc", [str(runsc), *real_runsc.GLOBAL_FLAGS]
+    runc = shutil.which("runc")
+    return ("runc", [runc]) if runc else None
+
+
+def runnable_here(config_json: Path) -> None:
+    """The injected config without what needs a real GPU node: its NVIDIA device nodes and
+    their rules (runsc opens the host's /dev/nvidiactl for those, and this machine has no
+    GPU), and its createContainer hooks (the mounted toolkit's nvidia-cdi-hook is not here).
+    The 50 mounts, the env and the links stay; a real GPU create is slower still (driver
+    initialisation), so the injection's share of the sum is, if anything, overstated."""
+    config = json.loads(config_json.read_text())
+    config.pop("hooks", None)
+    linux = config["linux"]
+    gpu = {d["path"] for d in linux["devices"] if d["path"].startswith("/dev/nvidia")}
+    linux["devices"] = [d for d in linux["devices"] if d["path"] not in gpu]
+    numbers = {(d["major"], d["minor"]) for d in linux["devices"]}
+    resources = linux["resources"]
+    resources["devices"] = [
+        r
+        for r in resources["devices"]
+        if r.get("major") is None or (r["major"], r["minor"]) in numbers
+    ]
+    config_json.write_text(json.dumps(config))
+
+
+def create_ms(work: Path, edits: model.ContainerEdits, rounds: int) -> tuple[str, float] | None:
+    """(runtime, median ms) of ``<runtime> create`` of a freshly injected T4 bundle."""
+    runtime = _runtime()
+    if runtime is None or os.geteuid() != 0:
+        return None
+    name, argv = runtime
+    state = work / "runtime-root"
+    options = bundle_.InjectionOptions(driver_root="/usr", dev_root=work / "host")
+    warm, plans = SonameCache(), bundle_.PlanCache()
+    times = []
+    try:
+        for index in range(rounds):
+            target = work / f"create{index}"
+            shutil.copytree(work / "template", target)
+            bundles.make_busybox_rootfs(target / "rootfs")
+            bundle_.inject_gpu(target, edits, options=options, soname_cache=warm, plan_cache=plans)
+            runnable_here(target / "config.json")
+            container = f"bench-inject-{os.getpid()}-{index}"
+            root = ["--root", str(state)]
+            start = time.perf_counter()
+            subprocess.run(
+                [*argv[:1], *root, *argv[1:], "create", "--bundle", str(target), container],
+                check=True,
+                # Not pipes: the sandbox inherits them and keeps them open (no EOF).
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=120,
+            )
+            times.append(time.perf_counter() - start)
+            subprocess.run(
+                [*argv[:1], *root, *argv[1:], "delete", "--force", container],
+                check=False,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=120,
+            )
+    finally:
+        netns = state / "null-netns"  # runsc --network=none keeps one mounted per sandbox
+        while os.path.ismount(netns):
+            subprocess.run(["umount", "-l", str(netns)], check=False, capture_output=True)
+    return name, statistics.median(times) * 1000
+
+
+def bench_user_visible(
+    base: Path, rounds: int, commit: str, targets: _targets.Targets
+) -> list[tuple[str, float, str]]:
+    """Warm injection, this checkout against ``commit``, next to the runtime's create."""
+    work = Path(tempfile.mkdtemp(prefix="bench-visible-", dir=base))
+    try:
+        t4 = cdi.load_spec(T4_SPEC)
+        make_device_nodes(work / "host", t4)
+        edits = build_host_tree(work / "host", cdi.edits_for_all(t4))
+        (work / "template/rootfs").mkdir(parents=True)
+        (work / "template/config.json").write_text(json.dumps(bundles.runc_spec()))
+        tree = _package_tree(work, commit)
+        if tree is None:
+            return [(f"warm injection at {commit}", float("nan"), "unavailable (no git)")]
+        ours: list[float] = []
+        theirs: list[float] = []
+        for _ in range(3):  # alternating batches: both see the same machine load
+            theirs += _child_times(tree, work, rounds)
+            ours += _child_times(ROOT, work, rounds)
+        now, before = statistics.median(ours) * 1000, statistics.median(theirs) * 1000
+        rows = [
+            (f"warm injection (T4, later actor) at {commit}, median", before, "before"),
+            (
+                "warm injection (T4, later actor) now, median",
+                now,
+                f"{now / before:.2f}× {commit}",
+            ),
+        ]
+        created = create_ms(work, edits, max(3, rounds // 4))
+        if created is None:
+            return [
+                *rows,
+                ("runtime create", float("nan"), "unavailable (no runsc/runc, or not root)"),
+            ]
+        runtime, create = created
+        change = (now + create) / (before + create) - 1
+        ok = targets.judge(f"within +20 % of {commit}", change <= 0.20)
+        return [
+            *rows,
+            (f"real {runtime} create of the injected bundle, median", create, "reference"),
+            (
+                f"warm injection + {runtime} create, now",
+                now + create,
+                f"{change:+.1%} against {commit} ({before + create:.3f} ms); {ok}",
+            ),
+        ]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def quiet_logs() -> None:
+    """Info lines filtered out, loggers cached on first use, as the agent configures
+    structlog (substrate_gpu.observability.logging): the bench times injection, not logs."""
     import logging
 
     import structlog
 
-    # Info lines filtered out, loggers cached on first use as the agent configures structlog
-    # (substrate_gpu.observability.logging): the bench times injection, not log output.
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         cache_logger_on_first_use=True,
     )
+
+
+def main() -> int:
+    quiet_logs()
+    if sys.argv[1:2] == ["--warm-child"]:
+        warm_child(Path(sys.argv[2]), int(sys.argv[3]))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=41)
+    parser.add_argument("--base", type=Path, action="append", help="directories to run in")
+    parser.add_argument("--smoke", action="store_true", help="3 rounds, one directory")
+    parser.add_argument(
+        "--base-commit",
+        default=BASE_COMMIT,
+        help="the commit whose warm injection the user-visible figure compares against",
+    )
+    args = parser.parse_args()
+    if args.smoke:
+        args.rounds = 3
+        args.base = args.base or [Path(tempfile.gettempdir())]
     bases = args.base or [Path("/dev/shm"), Path(tempfile.gettempdir())]
     targets = _targets.Targets(smoke=args.smoke)
     for base in bases:
@@ -429,6 +632,7 @@ def main() -> int:
         for label, ms, comparison in [
             *bench_base(base, args.rounds, targets),
             *bench_per_device(base, args.rounds, targets),
+            *bench_user_visible(base, args.rounds, args.base_commit, targets),
         ]:
             print(f"  {label:<66} {ms:9.3f} ms   {comparison}")
     return targets.exit_status()

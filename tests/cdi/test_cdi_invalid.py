@@ -488,7 +488,13 @@ CASES = [
         "expected a mapping",
         id="rdt-string",
     ),
-    pytest.param("containerEdits.containerEdits", {}, "", "", id="nested-edits-is-just-unknown"),
+    pytest.param(
+        "containerEdits.containerEdits",
+        {},
+        "containerEdits.containerEdits",
+        "unknown field",
+        id="nested-edits-is-an-unknown-field",
+    ),
 ]
 
 
@@ -496,10 +502,6 @@ CASES = [
 def test_invalid_field_is_named(path: str, value: object, field: str, problem: str) -> None:
     """The error names the exact field path and says what is wrong with it."""
     text = mutated(path, value)
-    if not field:
-        # Control case: an unknown key is not an error in node mode (see test_cdi_unknown_fields).
-        assert cdi.parse_spec(text).ignored_fields == ("containerEdits.containerEdits",)
-        return
     with pytest.raises(CdiSpecError) as caught:
         cdi.parse_spec(text, source="spec.json")
     assert caught.value.source == "spec.json"
@@ -667,3 +669,51 @@ def test_null_means_absent_as_in_go() -> None:
     assert spec.container_edits.mounts[0].options == ()
     with pytest.raises(CdiSpecError, match="kind: missing"):
         cdi.parse_spec(mutated("kind", None))
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        pytest.param("containerEdits.mounts[0].containerPath", id="mount-destination"),
+        pytest.param("containerEdits.mounts[0].hostPath", id="mount-source"),
+        pytest.param("containerEdits.deviceNodes[0].path", id="node-path"),
+        pytest.param("containerEdits.hooks[0].path", id="hook-path"),
+        pytest.param("devices[0].name", id="not-only-paths"),
+    ],
+)
+def test_a_nul_byte_in_a_path_is_refused(field: str) -> None:
+    """A NUL inside a path would cut it short in the runtime's C code: refused, field named."""
+    text = mutated(field, "/usr/lib\x00/../../etc/shadow")
+    with pytest.raises(CdiSpecError) as caught:
+        cdi.parse_spec(text, source="spec.json")
+    assert caught.value.field == field
+    assert "NUL byte" in caught.value.problem
+
+
+def test_a_spec_over_the_size_limit_is_refused(tmp_path) -> None:
+    """A file over max_bytes is refused, with the limit and the flag that raises it, without
+    reading it whole; one at the limit is read."""
+    text = mutated("containerEdits.env", ["PAD=" + "x" * 4000])
+    spec_file = tmp_path / "big.json"
+    spec_file.write_text(text)
+    size = len(text.encode())
+    assert cdi.load_spec(spec_file, max_bytes=size).devices
+    with pytest.raises(CdiSpecError) as caught:
+        cdi.load_spec(spec_file, max_bytes=size - 1)
+    assert caught.value.source == str(spec_file)
+    assert f"limit of {size - 1} bytes" in caught.value.problem
+    assert "--max-spec-bytes" in caught.value.problem
+    with pytest.raises(CdiSpecError, match="larger than the limit"):
+        cdi.parse_spec(text, max_bytes=size - 1)
+
+
+def test_the_default_size_limit_is_16_mib(tmp_path) -> None:
+    """The default cap: 16 MiB (a 300 MB string once took ~1 GB to parse)."""
+    assert cdi.MAX_SPEC_BYTES == 16 * 2**20
+    spec_file = tmp_path / "huge.json"
+    with spec_file.open("w") as f:
+        f.write('{"cdiVersion": "0.5.0", "kind": "a.b/c", "x": "')
+        f.write("x" * (16 * 2**20))
+        f.write('"}')
+    with pytest.raises(CdiSpecError, match="larger than the limit of 16777216 bytes"):
+        cdi.load_spec(spec_file)

@@ -276,3 +276,52 @@ def test_inject_deeply_nested_config_exits_1_with_one_line(gpu_node, node_spec, 
     assert len(err.splitlines()) == 1
     assert f"{tmp_path}/config.json" in err
     assert "nested too deeply" in err
+
+
+def test_a_spec_over_max_spec_bytes_exits_1_naming_the_limit(tmp_path, capsys):
+    """--max-spec-bytes caps the spec file: over it, exit 1 with the file and the limit."""
+    assert main(["cdi", "show", str(T4), "--max-spec-bytes", "1000"]) == 1
+    err = capsys.readouterr().err
+    assert str(T4) in err
+    assert "larger than the limit of 1000 bytes" in err
+    bundle = bundles.make_bundle(tmp_path / "b", ["true"])
+    argv = ["inject", "--bundle", str(bundle), "--cdi-spec", str(T4), "--max-spec-bytes", "1000"]
+    assert main(argv) == 1
+    assert "larger than the limit of 1000 bytes" in capsys.readouterr().err
+
+
+def test_cdi_show_warns_about_a_newer_cdi_version(tmp_path, capsys):
+    """A spec of a cdiVersion newer than any known is shown, with a warning on stderr naming
+    the fields it ignored."""
+    spec = {
+        "cdiVersion": "1.9.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [
+            {"name": "all", "containerEdits": {"deviceNodes": [{"path": "/dev/null"}]}},
+        ],
+        "containerEdits": {"futureEdit": True},
+    }
+    path = tmp_path / "new.json"
+    path.write_text(json.dumps(spec))
+    assert main(["cdi", "show", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "cdiVersion 1.9.0" in captured.out
+    assert "cdiVersion 1.9.0 is newer than this parser knows" in captured.err
+    assert "containerEdits.futureEdit" in captured.err
+
+
+def test_a_typo_in_a_known_version_exits_1_with_the_field(tmp_path, capsys):
+    """containerEdits.deviceNode (for deviceNodes) in a 0.5.0 spec: exit 1, field named."""
+    spec = {
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [{"name": "all", "containerEdits": {"deviceNodes": [{"path": "/dev/null"}]}}],
+        "containerEdits": {"deviceNode": [{"path": "/dev/nvidiactl"}]},
+    }
+    path = tmp_path / "typo.json"
+    path.write_text(json.dumps(spec))
+    bundle = bundles.make_bundle(tmp_path / "b", ["true"])
+    assert main(["inject", "--bundle", str(bundle), "--cdi-spec", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "containerEdits.deviceNode" in err
+    assert "did you mean 'deviceNodes'?" in err

@@ -68,18 +68,22 @@ def test_major_without_type_needs_the_host_node(tmp_path):
             ("c", 195, 3, 0o600),
             id="spec-mode-wins",
         ),
-        # A complete node is not stat-ed: no mode unless the spec gives one.
+        # A complete node keeps its type and numbers, and still takes the host's mode (as the
+        # reference's fillMissingInfo does, for runtimes that bind-mount device nodes).
         pytest.param(
             model.DeviceNode("/dev/nvidia0", type="c", major=195),
-            ("c", 195, 0, None),
+            ("c", 195, 0, 0o640),
             id="complete",
+        ),
+        pytest.param(
+            model.DeviceNode("/dev/nvidia0", type="p"), ("p", 0, 0, 0o640), id="complete-fifo"
         ),
     ],
 )
 def test_file_mode_comes_from_the_host_when_the_spec_has_none(
     require_root, tmp_path, node, expected
 ):
-    """fileMode from the host node when the spec gives none, even with major/minor given."""
+    """fileMode from the host node when the spec gives none, even for a complete node."""
     (tmp_path / "dev").mkdir()
     target = tmp_path / "dev" / "nvidia0"
     os.mknod(target, 0o640 | 0o020000, os.makedev(1, 3))
@@ -180,3 +184,16 @@ def test_gpu_detection(tmp_path, names, expected):
 def test_gpu_detection_without_dev_dir(tmp_path):
     """A dev root without dev/ holds no GPU."""
     assert not devices.has_gpu(tmp_path)
+
+
+def test_a_complete_node_absent_from_the_host_is_taken_as_written(tmp_path):
+    """A vendor may describe a node fully: no host node is then no error (and no mode)."""
+    (tmp_path / "dev").mkdir()
+    node = model.DeviceNode("/dev/vendorctl", type="c", major=240, minor=2)
+    resolved = devices.resolve_device(node, dev_root=tmp_path)
+    assert (resolved.type, resolved.major, resolved.minor, resolved.file_mode) == (
+        "c",
+        240,
+        2,
+        None,
+    )

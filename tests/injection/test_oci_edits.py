@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 
-import msgspec
 import pytest
 
 from substrate_gpu import exceptions
@@ -343,66 +342,3 @@ def test_malformed_config_is_a_clear_error(config, where):
 def test_pause_container_is_recognised(annotations, sandbox):
     """The pod's pause container is recognised by its CRI annotations."""
     assert oci.is_sandbox_container({"annotations": annotations}) is sandbox
-
-
-#: Another node with GPU 0's numbers: its cgroup rule is GPU 0's (added once).
-NVIDIA0_AGAIN = ResolvedDevice("/dev/nvidia0-alias", "/dev/nvidia0", "c", 195, 0, "rwm", 0o666)
-
-
-def _non_root() -> oci.OciConfig:
-    config = base_config()
-    config["process"]["user"] = {"uid": 1000, "gid": 1000}
-    return config
-
-
-def _with_plan_entries() -> oci.OciConfig:
-    config = base_config()
-    config["linux"]["resources"]["devices"].append(
-        {"allow": True, "type": "c", "major": 195, "minor": 255, "access": "rwm"}
-    )
-    injected = oci.apply_plan(base_config(), plan())
-    config["hooks"] = {"createContainer": injected["hooks"]["createContainer"][1:]}
-    return config
-
-
-def _config_with_mounts(mounts: list[dict[str, object]]) -> oci.OciConfig:
-    config = base_config()
-    config["mounts"] = mounts
-    return config
-
-
-@pytest.mark.parametrize(
-    "config",
-    [
-        pytest.param(base_config(), id="runc-like"),
-        pytest.param(
-            _config_with_mounts(
-                [
-                    {"destination": "/usr/bin/nvidia-smi", "type": "bind", "source": "/x"},
-                    {"destination": "/usr/local/nvidia", "type": "tmpfs", "source": "tmpfs"},
-                    {"destination": "/z/deep/er", "type": "bind", "source": "/y"},
-                ]
-            ),
-            id="mount-replaced-and-interleaved",
-        ),
-        pytest.param(_config_with_mounts([]), id="no-mounts"),
-        pytest.param(_non_root(), id="non-root-process"),
-        pytest.param(_with_plan_entries(), id="rule-and-hook-already-there"),
-        pytest.param(
-            oci.apply_plan(base_config(), plan(devices=(NVIDIA0, NVIDIA0_AGAIN))),
-            id="injected-before",
-        ),
-    ],
-)
-def test_ready_json_encodes_to_the_same_bytes(config: oci.OciConfig) -> None:
-    """The bundle writer's pre-encoded entries give config.json the very same bytes."""
-    the_plan = plan(devices=(NVIDIA0, NVIDIA0_AGAIN, NVIDIACTL))
-    expected = msgspec.json.encode(oci.apply_plan(config, the_plan))
-    fast = oci.apply_plan(copy.deepcopy(config), the_plan, in_place=True, for_encoding=True)
-    assert msgspec.json.encode(fast) == expected
-
-
-def test_ready_json_mounts_need_an_owned_config() -> None:
-    """Pre-encoded entries go only into a config the caller gave up (in place)."""
-    with pytest.raises(ValueError, match="in_place"):
-        oci.apply_plan(base_config(), plan(), for_encoding=True)

@@ -132,9 +132,16 @@ def rules(config: dict) -> list[dict]:
         pytest.param(
             model.DeviceNode("/dev/fifo", type="p"),
             {},
-            {"path": "/dev/fifo", "type": "p", "major": 0, "minor": 0},
+            {"path": "/dev/fifo", "type": "p", "major": 0, "minor": 0, "fileMode": 0o600},
             [],
-            id="typed-fifo-is-not-stat-ed-and-gets-no-rule",
+            id="typed-fifo-takes-the-host-mode-and-gets-no-rule",
+        ),
+        pytest.param(
+            model.DeviceNode("/dev/null", type="c", major=195, minor=7),
+            {},
+            {"path": "/dev/null", "type": "c", "major": 195, "minor": 7, "fileMode": 0o666},
+            [{"allow": True, "type": "c", "major": 195, "minor": 7, "access": "rwm"}],
+            id="complete-node-keeps-its-numbers-and-takes-the-host-mode",
         ),
         pytest.param(
             model.DeviceNode("/dev/sda", type="b", major=8),
@@ -188,19 +195,44 @@ def destinations(config: dict) -> list[str]:
     ("existing", "added", "expected"),
     [
         pytest.param(
-            [], ["/a/b/c", "/b", "/a/b", "/a"], ["/a", "/b", "/a/b", "/a/b/c"], id="depth-then-name"
+            [], ["/a/b/c", "/b", "/a/b", "/a"], ["/b", "/a", "/a/b", "/a/b/c"], id="depth-only"
+        ),
+        # The reference's TestApplyContainerEdits cases (container-edits_test.go, v1.0.0 on).
+        pytest.param(
+            ["/dest/path/b", "/dest/path/a"],
+            ["/dest/edit"],
+            ["/dest/edit", "/dest/path/b", "/dest/path/a"],
+            id="reference-edits-do-not-reorder-original-mounts",
         ),
         pytest.param(
-            ["/proc", "/dev", "/dev/shm"],
-            ["/usr/lib/libcuda.so.1", "/usr/bin/nvidia-smi"],
-            ["/dev", "/proc", "/dev/shm", "/usr/bin/nvidia-smi", "/usr/lib/libcuda.so.1"],
-            id="existing-mounts-sorted-too",
+            ["/dest/path/c", "/dest/path/b"],
+            ["/dest/path/a"],
+            ["/dest/path/c", "/dest/path/b", "/dest/path/a"],
+            id="reference-added-mount-after-existing-ones-of-the-same-depth",
+        ),
+        # A runtime's baseline stays in its order: /proc before /dev (issue 22, item 13).
+        pytest.param(
+            ["/proc", "/dev", "/sys", "/dev/pts", "/dev/shm", "/dev/mqueue", "/sys/fs/cgroup"],
+            ["/usr/lib64/libcuda.so.1", "/usr/bin/nvidia-smi", "/run/nvidia-persistenced/socket"],
+            [
+                "/proc",
+                "/dev",
+                "/sys",
+                "/dev/pts",
+                "/dev/shm",
+                "/dev/mqueue",
+                "/sys/fs/cgroup",
+                "/usr/lib64/libcuda.so.1",
+                "/usr/bin/nvidia-smi",
+                "/run/nvidia-persistenced/socket",
+            ],
+            id="runtime-baseline-keeps-its-order",
         ),
         pytest.param(["/a/"], ["/b"], ["/a/", "/b"], id="trailing-slash-cleaned-for-depth"),
     ],
 )
 def test_mounts_are_ordered_like_the_reference(host, existing, added, expected):
-    """All mounts end up ordered by destination depth, then destination."""
+    """All mounts end up stably sorted by destination depth only: same depth, same order."""
     config = {"mounts": [{"destination": d, "type": "bind", "source": "/x"} for d in existing]}
     edits = model.ContainerEdits(device_nodes=(NULL,), mounts=tuple(mount(d) for d in added))
     assert destinations(apply(host, edits, config)) == expected
@@ -279,7 +311,8 @@ _DESTINATIONS = st.lists(_SEGMENTS, min_size=1, max_size=4).map(lambda parts: "/
 )
 @settings(max_examples=200, deadline=None)
 def test_mount_merge_equals_the_reference_stable_sort(existing, added):
-    """Whatever the destinations, the result is the stable depth-then-name sort of all mounts."""
+    """Whatever the destinations: the config's kept mounts then the plan's, stably sorted by
+    depth alone (the reference's sort.Stable(orderedMounts))."""
     config = {
         "mounts": [{"destination": d, "source": f"config{i}"} for i, d in enumerate(existing)]
     }
@@ -287,13 +320,10 @@ def test_mount_merge_equals_the_reference_stable_sort(existing, added):
     plan = oci.plan_injection(edits, (), driver_root="/usr", hook_binary="/h")
     result = oci.apply_plan(config, plan)
 
-    def key(destination: str) -> tuple[int, str]:
-        return posixpath.normpath(destination).count("/"), destination
-
     replaced = {posixpath.normpath(m.container_path) for m in plan.mounts}
     kept = [
         (d, f"config{i}") for i, d in enumerate(existing) if posixpath.normpath(d) not in replaced
     ]
     planned = [(m.container_path, m.host_path) for m in plan.mounts]
-    expected = sorted(kept + planned, key=lambda pair: key(pair[0]))
+    expected = sorted(kept + planned, key=lambda pair: posixpath.normpath(pair[0]).count("/"))
     assert [(m["destination"], m["source"]) for m in result["mounts"]] == expected

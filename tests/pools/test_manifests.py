@@ -133,6 +133,42 @@ def test_bad_yaml_names_file_and_line(text: str, where: str) -> None:
         parse_documents(text, "f.yaml")
 
 
+@pytest.mark.parametrize(
+    ("text", "where", "problem"),
+    [
+        pytest.param(
+            "metadata:\n  name: a\x00b\n", "f.yaml:2:10", "character '\\x00'", id="nul-byte"
+        ),
+        pytest.param("a: " + "[" * 100_000, "f.yaml:1:", "nesting", id="deep-flow"),
+        pytest.param(
+            "".join(" " * i + "k:\n" for i in range(5_000)), "f.yaml:", "nesting", id="deep-block"
+        ),
+    ],
+)
+def test_hostile_yaml_is_one_line_error(text: str, where: str, problem: str) -> None:
+    """A NUL byte or a document nested thousands deep is a one-line PoolYamlError naming the
+    file and place, not a ReaderError or RecursionError traceback."""
+    with pytest.raises(manifests.PoolYamlError) as caught:
+        parse_documents(text, "f.yaml")
+    message = str(caught.value)
+    assert message.startswith(f"while reading {where}")
+    assert problem in message
+    assert "\n" not in message
+
+
+def test_pool_files_are_read_with_the_c_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C loader the project wraps (substrate_gpu._yaml), not PyYAML's pure-Python one
+    (a 10 MB annotation took 35 s)."""
+    from substrate_gpu import _yaml
+
+    assert _yaml.SafeLoader is yaml.CSafeLoader
+    built: list[object] = []
+    real = _yaml.SafeLoader
+    monkeypatch.setattr(_yaml, "SafeLoader", lambda text: built.append(text) or real(text))
+    assert parse_documents("a: 1\n", "f.yaml")[0].content == {"a": 1}
+    assert built == ["a: 1\n"]
+
+
 def test_unreadable_file_is_a_pool_file_error(tmp_path: Path) -> None:
     """A missing file is a clear PoolFileError naming it."""
     with pytest.raises(PoolFileError, match="missing.yaml"):

@@ -126,3 +126,34 @@ def test_load_pool_raises_with_every_problem() -> None:
         load_pool(pool(flat("0", maxWorkers=0)), source="f.yaml")
     assert {p.code for p in info.value.problems} == {Code.RESOURCE_COUNT, Code.WORKER_COUNT}
     assert "f.yaml" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("where", "path"),
+    [
+        pytest.param("metadata", "metadata.annotations", id="pool-metadata"),
+        pytest.param("spec", "spec.annotations", id="flat"),
+        pytest.param("template", "spec.template.annotations", id="template"),
+    ],
+)
+def test_annotations_over_256_kib_are_refused(where: str, path: str) -> None:
+    """Annotations over Kubernetes' 256 KiB total (keys and values) are refused, as the API
+    server refuses them; exactly 256 KiB passes."""
+    key = "example.com/blob"
+
+    def doc(size: int) -> dict:
+        annotations = {key: "x" * (size - len(key))}
+        spec = flat()
+        document = pool(spec)
+        if where == "metadata":
+            document["metadata"]["annotations"] = annotations
+        elif where == "spec":
+            spec["annotations"] = annotations
+        else:
+            spec["template"] = {"annotations": annotations}
+        return document
+
+    assert validate_document(doc(256 * 1024)).errors == ()
+    report = validate_document(doc(256 * 1024 + 1))
+    assert [(p.path, p.code) for p in report.errors] == [(path, Code.ANNOTATIONS_TOO_LONG)]
+    assert "262144 bytes" in report.errors[0].message
