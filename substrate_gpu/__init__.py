@@ -58,7 +58,9 @@ if TYPE_CHECKING:
         events,
     )
     from substrate_gpu.lifecycle import load_spec as load_machine_spec
-    from substrate_gpu.observability import AgentMetrics, MetricsServer, configure_logging
+    from substrate_gpu.observability import configure_logging
+    from substrate_gpu.observability.http import MetricsServer
+    from substrate_gpu.observability.metrics import AgentMetrics
     from substrate_gpu.probes import FdScanProbe
     from substrate_gpu.runsc import RunscConfig, RunscDriver, RunscError
 
@@ -96,8 +98,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "recover": ("substrate_gpu.eventlog", "recover"),
     "Recovery": ("substrate_gpu.eventlog", "Recovery"),
     # Metrics and logs.
-    "AgentMetrics": ("substrate_gpu.observability", "AgentMetrics"),
-    "MetricsServer": ("substrate_gpu.observability", "MetricsServer"),
+    "AgentMetrics": ("substrate_gpu.observability.metrics", "AgentMetrics"),
+    "MetricsServer": ("substrate_gpu.observability.http", "MetricsServer"),
     "configure_logging": ("substrate_gpu.observability", "configure_logging"),
     # Errors raised below the package root (the base classes are imported above).
     "InvalidEvent": ("substrate_gpu.lifecycle", "InvalidEvent"),

@@ -21,7 +21,11 @@ REPO = BENCH.parents[1]
 
 def test_benchmarks_are_discovered():
     """The glob finds the benchmark scripts (an empty parametrisation would test nothing)."""
-    assert {p.name for p in BENCH.glob("*.py")} >= {"bench_injection.py", "bench_sonames.py"}
+    assert {p.name for p in BENCH.glob("*.py")} >= {
+        "bench_injection.py",
+        "bench_sonames.py",
+        "bench_cli.py",
+    }
 
 
 @pytest.fixture(scope="module", params=sorted(BENCH.glob("*.py")), ids=lambda p: p.name)

@@ -21,8 +21,6 @@ from typing import Any
 
 from substrate_gpu import exceptions
 from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_OK
-from substrate_gpu.lifecycle import codec, events
-from substrate_gpu.service import protocol
 
 #: How long to wait for one answer (an event's answer follows its fsync: milliseconds).
 ANSWER_TIMEOUT_S = 60.0
@@ -56,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     actors = what.add_parser("actors", help="every actor (optionally: in one state)")
     actors.add_argument("--state", help="only the actors in this state")
     what.add_parser("-", help="send JSON lines from stdin (events or queries), in order")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, logs=False)  # see cli.main
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,6 +92,10 @@ def _lines(args: argparse.Namespace) -> Iterator[bytes]:
 
 def _event(args: argparse.Namespace) -> dict[str, Any]:
     """The event line ``send`` describes (a usage error for an unknown type or field form)."""
+    # Imported here: queries need none of the lifecycle (an operator runs them in a loop).
+    from substrate_gpu.lifecycle import codec, events  # noqa: PLC0415
+    from substrate_gpu.service import protocol  # noqa: PLC0415
+
     cls = events.REGISTRY.get(args.type)
     if cls is None or not cls.external:
         close = difflib.get_close_matches(args.type, protocol.EXTERNAL_TYPES, n=3, cutoff=0.6)
