@@ -24,7 +24,7 @@ SCRIPTS = sorted(p for p in BENCH.glob("*.py") if not p.name.startswith("_"))
 
 def test_benchmarks_are_discovered():
     """The glob finds the benchmark scripts (an empty parametrisation would test nothing)."""
-    assert {p.name for p in SCRIPTS} >= {"bench_injection.py", "bench_sonames.py"}
+    assert {p.name for p in SCRIPTS} >= {"bench_injection.py", "bench_sonames.py", "bench_cli.py"}
 
 
 @pytest.fixture(scope="module", params=SCRIPTS, ids=lambda p: p.name)

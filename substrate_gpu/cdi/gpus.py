@@ -26,12 +26,24 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from substrate_gpu.cdi import model, names
 
 if TYPE_CHECKING:
-    from substrate_gpu.cdi.specset import SpecSet
+    from collections.abc import Iterator
+
+
+class Devices(Protocol):
+    """Where :func:`list_gpus` finds devices (:class:`~substrate_gpu.cdi.specset.SpecSet` is
+    one): a Protocol, so this module does not import the spec set, which imports it."""
+
+    def devices(
+        self, *, kind: str | None = None
+    ) -> Iterator[tuple[names.QualifiedName, model.Device]]:
+        """Every resolvable device (of ``kind``, when given)."""
+        ...
+
 
 #: The kind nvidia-ctk writes for GPUs.
 NVIDIA_GPU_KIND: Final = "nvidia.com/gpu"
@@ -87,7 +99,7 @@ def _node_number(node: str) -> int:
     return int(match.group(1)) if match else -1
 
 
-def list_gpus(spec_set: SpecSet, *, kind: str = NVIDIA_GPU_KIND) -> tuple[Gpu, ...]:
+def list_gpus(spec_set: Devices, *, kind: str = NVIDIA_GPU_KIND) -> tuple[Gpu, ...]:
     """The full GPUs that specs of ``kind`` define, in a deterministic order.
 
     Ordered by index, then by node number (GPUs without an index name last). GPUs in MIG

@@ -53,7 +53,7 @@ from typing import Final, NoReturn
 
 import yaml
 
-from substrate_gpu import exceptions
+from substrate_gpu import _defaults, exceptions
 from substrate_gpu._yaml import SafeLoader as _SafeLoader
 from substrate_gpu.cdi import bodies, model, versions
 
@@ -61,7 +61,7 @@ __all__ = ["MAX_SPEC_BYTES", "load_spec", "parse_spec"]
 
 #: The largest spec file read (``--max-spec-bytes`` in the CLI): a generated spec is ~30 KiB,
 #: a 300 MB string took ~1 GB of memory to parse.
-MAX_SPEC_BYTES: Final = 16 * 1024 * 1024
+MAX_SPEC_BYTES: Final = _defaults.MAX_SPEC_BYTES
 
 _INT64_MAX: Final = 2**63 - 1
 _UINT32_MAX: Final = 2**32 - 1

@@ -23,8 +23,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from substrate_gpu import exceptions, observability
-from substrate_gpu.cli import _errors, _registry
+from substrate_gpu import exceptions
+from substrate_gpu.cli import _deferred, _errors, _registry
 from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
 __all__ = [
@@ -66,6 +66,9 @@ class _SubcommandAction(_SubParsersAction):
         values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> None:
+        chosen = self.choices.get(values[0]) if values else None
+        if chosen is not None:
+            _deferred.add_pending_arguments(chosen)
         attr = argparse._UNRECOGNIZED_ARGS_ATTR
         before = len(getattr(namespace, attr, ()))
         super().__call__(parser, namespace, values, option_string)
@@ -126,8 +129,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     json_logs = {"auto": None, "json": True, "console": False}[args.log_format]
     # A long-running agent announces where it serves; one-shot commands keep quiet.
     level = args.log_level or getattr(args, "default_log_level", "WARNING")
-    observability.configure_logging(json=json_logs, level=level)
     handler: Handler = args.handler
+    if getattr(args, "logs", True):
+        # Imported here: structlog (with rich, when installed) is most of a one-shot
+        # command's start, and the commands marked `logs=False` never log through it.
+        from substrate_gpu.observability import logging as logging_  # noqa: PLC0415
+
+        logging_.configure_logging(json=json_logs, level=level)
     try:
         code = handler(args)
         sys.stdout.flush()  # here, so a reader gone by now is handled below

@@ -9,18 +9,17 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-
-import anyio
+from typing import TYPE_CHECKING
 
 from substrate_gpu import exceptions
-from substrate_gpu.injection import toolkit
-from substrate_gpu.observability.http import DEFAULT_HOST, DEFAULT_PORT
-from substrate_gpu.service import config as config_
-from substrate_gpu.service import server
+from substrate_gpu.cli import _deferred
+
+if TYPE_CHECKING:
+    from substrate_gpu.service import config as config_
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``agent``."""
+    """Add ``agent`` (its arguments when it is typed: their defaults load the agent stack)."""
     parser = subparsers.add_parser(
         "agent",
         help="run the node agent: events in (Unix socket, stdin), event log, metrics",
@@ -30,6 +29,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "start), and serve Prometheus metrics. See docs/agent.md."
         ),
     )
+    parser.set_defaults(handler=run, default_log_level="INFO", usage_error=parser.error)
+    _deferred.defer_arguments(parser, _add_arguments)
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    # The agent stack is loaded here; `substrate-gpu agent` runs it anyway.
+    from substrate_gpu.injection import toolkit  # noqa: PLC0415
+    from substrate_gpu.observability.http import DEFAULT_HOST, DEFAULT_PORT  # noqa: PLC0415
+    from substrate_gpu.service import config as config_  # noqa: PLC0415
+
     io = parser.add_argument_group("requests and state")
     io.add_argument(
         "--socket",
@@ -150,7 +159,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="run on a simulated GPU node in a temporary directory with a scripted workload "
         "looping forever (the runtime/injection flags are ignored)",
     )
-    parser.set_defaults(handler=run, default_log_level="INFO", usage_error=parser.error)
 
 
 def _defaulted(
@@ -162,6 +170,8 @@ def _defaulted(
 
 def config_from(args: argparse.Namespace) -> config_.AgentConfig:
     """The agent configuration the flags describe."""
+    from substrate_gpu.service import config as config_  # noqa: PLC0415
+
     if not 0 <= args.metrics_port <= 65535:
         raise exceptions.ConfigError(
             f"while reading --metrics-port: {args.metrics_port} is not a port (0-65535)"
@@ -213,6 +223,10 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``agent``."""
+    import anyio  # noqa: PLC0415
+
+    from substrate_gpu.service import server  # noqa: PLC0415
+
     config = config_from(args)
     if args.demo:
         return _run_demo(config)
@@ -223,6 +237,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_demo(config: config_.AgentConfig) -> int:
+    import anyio  # noqa: PLC0415
+
     from substrate_gpu import demo  # noqa: PLC0415  (imports the test kit: demo mode only)
 
     with tempfile.TemporaryDirectory(prefix="substrate-gpu-agent-demo-") as tmp:

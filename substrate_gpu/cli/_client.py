@@ -21,8 +21,22 @@ from typing import Any
 
 from substrate_gpu import exceptions
 from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_OK
-from substrate_gpu.lifecycle import codec, events
-from substrate_gpu.service import protocol
+
+#: The event types a client may send, for ``--help``: the protocol's
+#: ``EXTERNAL_TYPES``, written out so that building the parser loads no lifecycle
+#: (tests/cli/test_client.py holds the two equal).
+EXTERNAL_TYPES = (
+    "actor_registered",
+    "bundle_prepared",
+    "cuda_context_closed",
+    "cuda_context_opened",
+    "delete_requested",
+    "restore_requested",
+    "retry_requested",
+    "run_requested",
+    "sandbox_exited",
+    "suspend_requested",
+)
 
 #: How long to wait for one answer (an event's answer follows its fsync: milliseconds).
 ANSWER_TIMEOUT_S = 60.0
@@ -46,9 +60,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="send one event: TYPE ACTOR_ID [FIELD=VALUE ...]",
         description="Send one external event; VALUEs are JSON when they parse (true, 7), "
         "else strings. The event's version (v) is filled in. "
-        f"Event types a client may send: {', '.join(protocol.EXTERNAL_TYPES)}.",
+        f"Event types a client may send: {', '.join(EXTERNAL_TYPES)}.",
     )
-    send.add_argument("type", metavar="TYPE", help=f"one of: {', '.join(protocol.EXTERNAL_TYPES)}")
+    send.add_argument("type", metavar="TYPE", help=f"one of: {', '.join(EXTERNAL_TYPES)}")
     send.add_argument("actor_id", metavar="ACTOR_ID")
     # A default makes it optional: without one, argparse 3.11 names a `*` positional among
     # "the following arguments are required".
@@ -61,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     actors = what.add_parser("actors", help="every actor (optionally: in one state)")
     actors.add_argument("--state", help="only the actors in this state")
     what.add_parser("-", help="send JSON lines from stdin (events or queries), in order")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, logs=False)  # see cli.main
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,13 +113,17 @@ def _lines(args: argparse.Namespace) -> Iterator[bytes]:
 
 def _event(args: argparse.Namespace) -> dict[str, Any]:
     """The event line ``send`` describes (a usage error for an unknown type or field form)."""
+    # Imported here: queries need none of the lifecycle (an operator runs them in a loop).
+    from substrate_gpu.lifecycle import codec, events  # noqa: PLC0415
+    from substrate_gpu.service import protocol  # noqa: PLC0415
+
     cls = events.REGISTRY.get(args.type)
     if cls is None or not cls.external:
         close = difflib.get_close_matches(args.type, protocol.EXTERNAL_TYPES, n=3, cutoff=0.6)
         hint = (
             f"did you mean {' or '.join(repr(c) for c in close)}?"
             if close
-            else f"a client may send: {', '.join(protocol.EXTERNAL_TYPES)}"
+            else f"a client may send: {', '.join(EXTERNAL_TYPES)}"
         )
         what = "is an effect outcome, not sent by clients" if cls else "is no event type"
         args.usage_error(f"{args.type!r} {what}; {hint}")  # exits 2

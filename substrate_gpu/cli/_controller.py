@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from substrate_gpu.pools import shaping
+from substrate_gpu import _defaults
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -17,8 +17,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Watch WorkerPools and keep one worker Deployment per pool, shaped for its GPUs, "
             "with the pool's status (observedGeneration, replicas, Ready/Rejected). "
             "Credentials: in-cluster service account, else KUBECONFIG / ~/.kube/config. "
-            f"Worker shape from the environment: {shaping.WORKER_IMAGE_ENV}, "
-            f"{shaping.TOOLKIT_HOST_PATH_ENV}, {shaping.DRIVER_ROOT_ENV}. See docs/api-guide.md."
+            f"Worker shape from the environment: {_defaults.WORKER_IMAGE_ENV}, "
+            f"{_defaults.TOOLKIT_HOST_PATH_ENV}, {_defaults.DRIVER_ROOT_ENV}. "
+            "See docs/api-guide.md."
         ),
     )
     parser.add_argument(
@@ -57,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _run(args: argparse.Namespace) -> int:
     # Imported here: kopf and kubernetes_asyncio are only needed by this command.
     from substrate_gpu.controller import operator  # noqa: PLC0415
+    from substrate_gpu.pools import shaping  # noqa: PLC0415
 
     operator.run_controller(
         shaping.ControllerSettings.from_env(os.environ),

@@ -13,14 +13,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import anyio
-
-from substrate_gpu import cdi, exceptions
+from substrate_gpu import _defaults, exceptions
 from substrate_gpu.cli._exitcodes import EXIT_OK
-from substrate_gpu.injection import bundle as bundle_
-from substrate_gpu.injection import devices as devices_
-from substrate_gpu.injection import oci, toolkit
-from substrate_gpu.rootfs import SonameCache
+
+# The injection stack is imported by the handlers: every other command, `--help` included,
+# starts without it.
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -36,7 +33,7 @@ production code never imports ``substrate_gpu.testing``)."""
 def _common_paths(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--driver-root",
-        default=os.environ.get(toolkit.ENV_DRIVER_ROOT) or str(toolkit.DEFAULT_DRIVER_ROOT),
+        default=os.environ.get(_defaults.DRIVER_ROOT_ENV) or str(_defaults.DRIVER_ROOT),
         help="NVIDIA driver root (default: $ATE_NVIDIA_DRIVER_ROOT or /usr/local/nvidia)",
     )
     parser.add_argument(
@@ -47,14 +44,14 @@ def _common_paths(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--toolkit-dir",
-        default=str(toolkit.DEFAULT_TOOLKIT_DIR),
+        default=str(_defaults.TOOLKIT_DIR),
         type=Path,
         help="the mounted NVIDIA toolkit (default: /opt/nvidia-toolkit)",
     )
     parser.add_argument(
         "--max-spec-bytes",
         type=int,
-        default=cdi.MAX_SPEC_BYTES,
+        default=_defaults.MAX_SPEC_BYTES,
         metavar="BYTES",
         help="refuse a CDI spec file larger than this (default: 16 MiB; a generated spec is"
         " ~30 KiB)",
@@ -62,6 +59,8 @@ def _common_paths(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_spec(path: Path, args: argparse.Namespace) -> model.Spec:
+    from substrate_gpu import cdi  # noqa: PLC0415
+
     spec = cdi.load_spec(path, max_bytes=args.max_spec_bytes)
     if spec.warning is not None:
         print(f"warning: {spec.warning}", file=sys.stderr)
@@ -121,6 +120,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 async def _generated_spec(args: argparse.Namespace) -> model.Spec:
+    from substrate_gpu.injection import toolkit  # noqa: PLC0415
+
     ctk = toolkit.toolkit_binary(args.toolkit_dir, "nvidia-ctk")
     if not ctk.exists():
         raise exceptions.ConfigError(
@@ -138,6 +139,12 @@ async def _generated_spec(args: argparse.Namespace) -> model.Spec:
 
 def run_inject(args: argparse.Namespace) -> int:
     """Handler of ``inject``."""
+    import anyio  # noqa: PLC0415
+
+    from substrate_gpu import cdi  # noqa: PLC0415
+    from substrate_gpu.injection import bundle as bundle_  # noqa: PLC0415
+    from substrate_gpu.rootfs import SonameCache  # noqa: PLC0415
+
     spec = anyio.run(_generated_spec, args) if args.generate else _load_spec(args.cdi_spec, args)
     options = bundle_.InjectionOptions(
         driver_root=args.driver_root, dev_root=args.dev_root, toolkit_dir=args.toolkit_dir
@@ -165,6 +172,8 @@ def run_inject(args: argparse.Namespace) -> int:
 
 def _maybe_warn_missing_hook(toolkit_dir: Path, kept: Sequence[str]) -> None:
     """Kept hooks run ``<toolkit-dir>/nvidia-cdi-hook`` at container start: say if it is absent."""
+    from substrate_gpu.injection import bundle as bundle_  # noqa: PLC0415
+
     binary = bundle_.hook_binary(toolkit_dir)
     if kept and not Path(binary).exists():
         print(
@@ -186,6 +195,8 @@ def _table(title: str, header: tuple[str, ...], rows: Sequence[tuple[str, ...]])
 
 
 def _device_row(node: model.DeviceNode, dev_root: Path) -> tuple[str, ...]:
+    from substrate_gpu.injection import devices as devices_  # noqa: PLC0415
+
     if node.major:
         return (node.path, node.type or "c", f"{node.major}:{node.minor or 0}", "spec")
     on_host = devices_.host_path_under(dev_root, node.source)
@@ -198,6 +209,10 @@ def _device_row(node: model.DeviceNode, dev_root: Path) -> tuple[str, ...]:
 
 def run_cdi_show(args: argparse.Namespace) -> int:
     """Handler of ``cdi show``."""
+    from substrate_gpu import cdi  # noqa: PLC0415
+    from substrate_gpu.injection import bundle as bundle_  # noqa: PLC0415
+    from substrate_gpu.injection import oci  # noqa: PLC0415
+
     spec = _load_spec(args.file, args)
     edits = cdi.edits_for_all(spec)
     plan = oci.plan_injection(

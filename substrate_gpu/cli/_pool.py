@@ -25,11 +25,16 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from substrate_gpu import exceptions
+from substrate_gpu import _defaults, exceptions
 from substrate_gpu.cli import _errors
 from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_INVALID, EXIT_OK
-from substrate_gpu.pools import crd, manifests, model, shaping, validation
+
+# The pools package (and PyYAML) is imported by the handlers: the other commands of the
+# CLI start without it.
+if TYPE_CHECKING:
+    from substrate_gpu.pools import model, shaping
 
 __all__ = ["register"]
 
@@ -37,6 +42,7 @@ __all__ = ["register"]
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``pool validate|render|crd|deploy-files``."""
     pool = subparsers.add_parser("pool", help="WorkerPool validation, rendering and CRD")
+    pool.set_defaults(logs=False)  # see cli.main
     commands = pool.add_subparsers(dest="pool_command", required=True, metavar="SUBCOMMAND")
 
     validate = commands.add_parser(
@@ -66,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _image_flag(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--ateom-image", help=f"{what} (default: ${shaping.WORKER_IMAGE_ENV})")
+    parser.add_argument("--ateom-image", help=f"{what} (default: ${_defaults.WORKER_IMAGE_ENV})")
 
 
 @dataclasses.dataclass
@@ -97,6 +103,8 @@ def _check_files(
     and warn about pools that render cannot give an image (``render`` reports that as
     its error, and its stdout is YAML only).
     """
+    from substrate_gpu.pools import manifests, validation  # noqa: PLC0415
+
     outcome = _Outcome()
     for path in files:
         try:
@@ -131,7 +139,7 @@ def _check_files(
 
 _NO_IMAGE = (
     "spec.ateomImage: not set, and no default worker image is configured "
-    f"(${shaping.WORKER_IMAGE_ENV} or --ateom-image): pool render will refuse this pool"
+    f"(${_defaults.WORKER_IMAGE_ENV} or --ateom-image): pool render will refuse this pool"
 )
 
 
@@ -149,6 +157,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _settings(env: Mapping[str, str], image: str | None) -> shaping.ControllerSettings:
+    from substrate_gpu.pools import shaping  # noqa: PLC0415
+
     settings = shaping.ControllerSettings.from_env(env)
     if image:
         settings = dataclasses.replace(settings, default_image=image)
@@ -156,6 +166,8 @@ def _settings(env: Mapping[str, str], image: str | None) -> shaping.ControllerSe
 
 
 def _render(args: argparse.Namespace) -> int:
+    from substrate_gpu.pools import manifests, shaping  # noqa: PLC0415
+
     settings = _settings(os.environ, args.ateom_image)
     outcome = _check_files(args.files, settings, validating=False)
     if outcome.exit_code != EXIT_OK:
@@ -182,11 +194,15 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _crd(args: argparse.Namespace) -> int:
+    from substrate_gpu.pools import crd, manifests  # noqa: PLC0415
+
     sys.stdout.write(manifests.dump_documents([crd.render_crd()]))
     return EXIT_OK
 
 
 def _deploy_files(args: argparse.Namespace) -> int:
+    from substrate_gpu.pools import manifests  # noqa: PLC0415
+
     examples: Path = args.examples
     output: Path = args.output
     if not examples.is_dir():

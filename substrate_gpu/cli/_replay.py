@@ -18,15 +18,19 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-import msgspec
-
-from substrate_gpu import eventlog
 from substrate_gpu.cli import _errors
 from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_OK
-from substrate_gpu.eventlog import format, reader, replayer
-from substrate_gpu.lifecycle import events, hooks
+
+# The event log and the lifecycle are imported by the functions that use them: every other
+# command of the CLI starts without them.
+if TYPE_CHECKING:
+    import msgspec
+
+    from substrate_gpu import eventlog
+    from substrate_gpu.eventlog import format, reader
+    from substrate_gpu.lifecycle import hooks
 
 _HEADER_PEEK_BYTES = 64 << 10
 """How much of a file is read to tell whether it starts with an event-log header."""
@@ -48,6 +52,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     """The ``replay`` handler."""
+    from substrate_gpu import eventlog  # noqa: PLC0415
+    from substrate_gpu.eventlog import format, reader, replayer  # noqa: PLC0415
+
     path: Path = args.log
     try:
         contents = reader.read_log(path)
@@ -89,6 +96,8 @@ def _fail(message: str) -> int:
 
 def starts_with_log_header(path: Path) -> bool:
     """Whether the file's first line is an event-log header (whatever its version)."""
+    from substrate_gpu.eventlog import format  # noqa: PLC0415
+
     try:
         with path.open("rb") as file:
             first = file.readline(_HEADER_PEEK_BYTES)
@@ -126,6 +135,8 @@ def _timelines(
     contents: reader.LogContents, result: eventlog.ReplayResult, actor: str | None
 ) -> dict[str, list[_Entry]]:
     """Each actor's records paired with the transitions replay produced, in log order."""
+    from substrate_gpu.lifecycle import events  # noqa: PLC0415
+
     transitions: Iterator[hooks.Transition] = iter(result.transitions)
     out: dict[str, list[_Entry]] = {a: [] for a in sorted(result.actors)}
     for record in contents.records:
@@ -148,6 +159,8 @@ def _when(at: float) -> str:
 
 def _warn_unshowable_times(path: Path, contents: reader.LogContents) -> None:
     """One warning per record whose time :func:`_when` cannot show as a date."""
+    from substrate_gpu.eventlog import format  # noqa: PLC0415
+
     for record in contents.records:
         event = record.event if isinstance(record, format.Rejection) else record
         if _when(event.at) != repr(event.at):
@@ -163,6 +176,8 @@ def _warn_unshowable_times(path: Path, contents: reader.LogContents) -> None:
 def _print_text(
     out: TextIO, result: eventlog.ReplayResult, timelines: dict[str, list[_Entry]]
 ) -> None:
+    from substrate_gpu.eventlog import format  # noqa: PLC0415
+
     since = f" after the snapshot at seq {result.snapshot_seq}" if result.snapshot_seq else ""
     out.write(
         f"{result.path}: {result.events_replayed} event(s) replayed{since}, "
@@ -210,6 +225,8 @@ _PID_LISTS = ("cuda_pids", "checkpoint_cuda_pids", "context_pids")
 
 def _final(view: msgspec.Struct) -> dict[str, object]:
     """The final view as JSON wants it: the joined fields as the lists they stand for."""
+    import msgspec  # noqa: PLC0415
+
     final: dict[str, object] = msgspec.structs.asdict(view)
     for name in _NAME_LISTS:
         text = getattr(view, name)
@@ -223,6 +240,9 @@ def _final(view: msgspec.Struct) -> dict[str, object]:
 def _document(
     result: eventlog.ReplayResult, timelines: dict[str, list[_Entry]]
 ) -> dict[str, object]:
+
+    from substrate_gpu.eventlog import format  # noqa: PLC0415
+
     torn = result.torn_tail
     actors: dict[str, object] = {}
     for actor_id, entries in timelines.items():

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 import structlog
 
-from substrate_gpu import _process, exceptions
+from substrate_gpu import _defaults, _process, exceptions
 from substrate_gpu import cdi as cdi_
 
 if TYPE_CHECKING:
@@ -41,9 +41,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-ENV_DRIVER_ROOT = "ATE_NVIDIA_DRIVER_ROOT"
-DEFAULT_DRIVER_ROOT = Path("/usr/local/nvidia")
-DEFAULT_TOOLKIT_DIR = Path("/opt/nvidia-toolkit")
+ENV_DRIVER_ROOT = _defaults.DRIVER_ROOT_ENV
+DEFAULT_DRIVER_ROOT = _defaults.DRIVER_ROOT
+DEFAULT_TOOLKIT_DIR = _defaults.TOOLKIT_DIR
 SPEC_FILE_NAME = "nvidia.json"
 
 

@@ -30,14 +30,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
 from substrate_gpu.lifecycle import errors, events
-
-if TYPE_CHECKING:
-    from substrate_gpu.lifecycle.machine import MachineSpec
 
 
 def _pid_set(text: str) -> set[int]:
@@ -480,7 +477,7 @@ def restore_fields(actor: Actor, saved: tuple[object, ...]) -> None:
 
 
 def moves_from_fire(
-    spec: MachineSpec, fire: Callable[[Actor, events.Event], bool]
+    spec: Machine, fire: Callable[[Actor, events.Event], bool]
 ) -> Mapping[str, Mapping[type[events.Event], Move]]:
     """The :attr:`Engine.moves` of an engine that only knows how to fire any trigger (the
     transitions reference): the spec says which triggers each state accepts."""
@@ -530,10 +527,55 @@ class Step(NamedTuple):
     """The effect to start now (the dest state's, when the state was entered)."""
 
 
+class Machine(Protocol):
+    """What the table and the pipeline read of the machine
+    (:class:`~substrate_gpu.lifecycle.machine.MachineSpec` is one): a Protocol, so this
+    module does not import the loader, which imports it."""
+
+    @property
+    def initial(self) -> str:
+        """The state a new actor starts in."""
+        ...
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        """Every state, in the YAML's order."""
+        ...
+
+    @property
+    def final_states(self) -> frozenset[str]:
+        """States with no way out."""
+        ...
+
+    @property
+    def gpu_holding_states(self) -> frozenset[str]:
+        """States in which an actor keeps its allocated GPUs."""
+        ...
+
+    @property
+    def effects(self) -> Mapping[str, str]:
+        """State -> the effect entering it starts."""
+        ...
+
+    @property
+    def accepts(self) -> Mapping[str, frozenset[str]]:
+        """State -> the triggers it accepts."""
+        ...
+
+    @property
+    def interpreter(self) -> Engine:
+        """The one interpreter compiled from the machine."""
+        ...
+
+    def guard_summary(self, source: str, trigger: str) -> str:
+        """Why ``trigger`` is refused in ``source``, in words."""
+        ...
+
+
 class ActorTable:
     """Every actor of an agent, and the synchronous apply of an event to one of them."""
 
-    def __init__(self, spec: MachineSpec, engine: Engine | None = None) -> None:
+    def __init__(self, spec: Machine, engine: Engine | None = None) -> None:
         """``engine`` defaults to the spec's :class:`Interpreter` (the one the agent, replay
         and recovery use); tests pass the transitions reference engine to compare."""
         self._spec = spec
@@ -549,7 +591,7 @@ class ActorTable:
         self._seq = 0
 
     @property
-    def spec(self) -> MachineSpec:
+    def spec(self) -> Machine:
         """The machine this table follows."""
         return self._spec
 

@@ -141,6 +141,7 @@ class Agent:
             spec = machine_spec
         else:
             spec = machine.load_spec(machine_spec or machine.DEFAULT_MACHINE)
+        self._spec = spec
         self._table = actors.ActorTable(spec)
         self._resume = resume
         if resume is not None:
@@ -226,7 +227,7 @@ class Agent:
     @property
     def spec(self) -> machine.MachineSpec:
         """The lifecycle machine in use."""
-        return self._table.spec
+        return self._spec
 
     def state_of(self, actor_id: str) -> str | None:
         """The actor's state, or None for an actor this agent does not know."""

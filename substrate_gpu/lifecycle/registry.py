@@ -9,7 +9,7 @@ rest of the code needs to know about that effect lives here, once:
   the pipeline, or an unreadable runtime in recovery);
 - ``success``: the outcome recovery reports when the runtime proves the effect completed;
 - ``timeout``: the default bound the pipeline runs it under;
-- ``metric_label`` and ``histogram``: how :class:`~substrate_gpu.observability.AgentMetrics`
+- ``metric_label`` and ``histogram``: how :class:`~substrate_gpu.observability.metrics.AgentMetrics`
   records its duration;
 - ``recovery``: what a restarted agent does with an actor left mid-effect
   (:mod:`substrate_gpu.eventlog.recovery` interprets it).

@@ -11,23 +11,17 @@
 - :mod:`~substrate_gpu.observability.logging` — :func:`configure_logging` and
   :func:`bind_actor`: JSON lines (or a console on a TTY), stdlib logs in the same shape.
 
+Only the logging names are re-exported here: every command of the CLI configures logging,
+and loading prometheus-client and the lifecycle (which the metrics' labels come from) for
+that would triple a one-shot command's start. The rest is imported from its module
+(``from substrate_gpu.observability.metrics import AgentMetrics``).
+
 ``metrics/`` at the repository root holds the Prometheus scrape config, recording rules and
 alerts that read these metrics; ``docs/observability.md`` documents all of them.
 """
 
 from __future__ import annotations
 
-from substrate_gpu.observability.http import DEFAULT_HOST, DEFAULT_PORT, MetricsServer
 from substrate_gpu.observability.logging import bind_actor, configure_logging
-from substrate_gpu.observability.metrics import AgentMetrics
-from substrate_gpu.observability.registry import AgentRegistry
 
-__all__ = [
-    "DEFAULT_HOST",
-    "DEFAULT_PORT",
-    "AgentMetrics",
-    "AgentRegistry",
-    "MetricsServer",
-    "bind_actor",
-    "configure_logging",
-]
+__all__ = ["bind_actor", "configure_logging"]

@@ -34,7 +34,7 @@ import anyio.to_thread
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from substrate_gpu import exceptions
+from substrate_gpu import _defaults, exceptions
 from substrate_gpu.observability import health as health_
 
 if TYPE_CHECKING:
@@ -42,10 +42,10 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "LIVENESS_PATH", "READINESS_PATH", "MetricsServer"]
 
-DEFAULT_HOST: Final = "127.0.0.1"
+DEFAULT_HOST: Final = _defaults.METRICS_HOST
 """Loopback: a node agent's metrics are scraped locally or through a deliberate choice."""
 
-DEFAULT_PORT: Final = 9477
+DEFAULT_PORT: Final = _defaults.METRICS_PORT
 """The agent's metrics port (``--metrics-port``); 0 asks the kernel for a free one."""
 
 DEFAULT_TIMEOUT: Final = 10.0

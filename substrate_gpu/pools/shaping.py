@@ -30,6 +30,7 @@ import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from substrate_gpu import _defaults
 from substrate_gpu.exceptions import ConfigError
 from substrate_gpu.pools import model, worker_agent
 
@@ -47,12 +48,12 @@ __all__ = [
     "render_worker_deployment",
 ]
 
-TOOLKIT_HOST_PATH_ENV = "ATE_NVIDIA_TOOLKIT_HOST_PATH"
+TOOLKIT_HOST_PATH_ENV = _defaults.TOOLKIT_HOST_PATH_ENV
 DEFAULT_TOOLKIT_HOST_PATH = "/usr/local/nvidia/toolkit"
-TOOLKIT_CONTAINER_PATH = "/opt/nvidia-toolkit"
+TOOLKIT_CONTAINER_PATH = str(_defaults.TOOLKIT_DIR)
 TOOLKIT_VOLUME = "nvidia-toolkit"
-DRIVER_ROOT_ENV = "ATE_NVIDIA_DRIVER_ROOT"
-WORKER_IMAGE_ENV = "ATE_DEFAULT_ATEOM_IMAGE"
+DRIVER_ROOT_ENV = _defaults.DRIVER_ROOT_ENV
+WORKER_IMAGE_ENV = _defaults.WORKER_IMAGE_ENV
 """Controller setting: the worker image for pools without ``spec.ateomImage``."""
 WORKER_CONTAINER = "ateom"
 """Name of the worker runtime container (the one that gets the GPUs)."""

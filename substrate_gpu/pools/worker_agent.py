@@ -45,10 +45,8 @@ from __future__ import annotations
 import math
 from typing import Final
 
-from substrate_gpu.injection import toolkit
-from substrate_gpu.observability import http
+from substrate_gpu import _defaults
 from substrate_gpu.pools import model
-from substrate_gpu.service import config
 
 __all__ = [
     "AGENT_ARGS",
@@ -83,9 +81,9 @@ EVENT_LOG: Final = f"{STATE_MOUNT_PATH}/events.jsonl"
 CHECKPOINT_ROOT: Final = f"{STATE_MOUNT_PATH}/checkpoints"
 SOCKET: Final = f"{SOCKET_MOUNT_PATH}/agent.sock"
 
-METRICS_PORT: Final = http.DEFAULT_PORT
+METRICS_PORT: Final = _defaults.METRICS_PORT
 METRICS_PORT_NAME: Final = "metrics"
-DRAIN_TIMEOUT_S: Final = math.ceil(config.DEFAULT_DRAIN_TIMEOUT)
+DRAIN_TIMEOUT_S: Final = math.ceil(_defaults.DRAIN_TIMEOUT_S)
 TERMINATION_GRACE_S: Final = DRAIN_TIMEOUT_S + 15
 """The drain, then closing the log and the socket, with room to spare."""
 
@@ -115,7 +113,7 @@ AGENT_ARGS: Final = (
     "--checkpoint-root",
     CHECKPOINT_ROOT,
     "--toolkit-dir",
-    str(toolkit.DEFAULT_TOOLKIT_DIR),
+    str(_defaults.TOOLKIT_DIR),
     "--metrics-host",
     "0.0.0.0",  # noqa: S104  (the kubelet probes the pod's IP; see the module docstring)
     "--metrics-port",

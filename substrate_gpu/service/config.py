@@ -6,13 +6,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from substrate_gpu import _defaults
 from substrate_gpu.injection import toolkit
 from substrate_gpu.observability.http import DEFAULT_HOST
 
 DEFAULT_RUNSC_ROOT: Final = Path("/var/run/runsc")
 DEFAULT_CHECKPOINT_ROOT: Final = Path("/var/lib/substrate-gpu/checkpoints")
 DEFAULT_CDI_OUTPUT_DIR: Final = Path("/var/run/cdi")
-DEFAULT_DRAIN_TIMEOUT: Final = 30.0
+DEFAULT_DRAIN_TIMEOUT: Final = _defaults.DRAIN_TIMEOUT_S
 DEFAULT_MAX_CLIENTS: Final = 256
 DEFAULT_IDLE_TIMEOUT: Final = 300.0
 DEFAULT_LINE_TIMEOUT: Final = 10.0

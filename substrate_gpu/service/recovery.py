@@ -16,7 +16,7 @@ from pathlib import Path
 import structlog
 
 from substrate_gpu import eventlog
-from substrate_gpu.observability import AgentMetrics
+from substrate_gpu.observability.metrics import AgentMetrics
 from substrate_gpu.runsc.api import SandboxRuntime
 
 log = structlog.get_logger(__name__)

@@ -63,7 +63,9 @@ from anyio.abc import ByteStream, SocketListener, TaskGroup, TaskStatus
 from substrate_gpu import eventlog, exceptions
 from substrate_gpu.lifecycle import Agent, allocation, errors, events, machine
 from substrate_gpu.lifecycle.effects import GpuInjector
-from substrate_gpu.observability import AgentMetrics, AgentRegistry, MetricsServer
+from substrate_gpu.observability.http import MetricsServer
+from substrate_gpu.observability.metrics import AgentMetrics
+from substrate_gpu.observability.registry import AgentRegistry
 from substrate_gpu.probes.api import CudaContextProbe
 from substrate_gpu.runsc.api import SandboxRuntime
 from substrate_gpu.service import config as config_

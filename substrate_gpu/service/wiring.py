@@ -41,7 +41,7 @@ from substrate_gpu.lifecycle import (
     pipeline,
     registry,
 )
-from substrate_gpu.observability import AgentMetrics
+from substrate_gpu.observability.metrics import AgentMetrics
 from substrate_gpu.probes.fd_scan import FdScanProbe
 from substrate_gpu.runsc import driver
 from substrate_gpu.service.config import AgentConfig

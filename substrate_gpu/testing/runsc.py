@@ -1,8 +1,10 @@
 """A stand-in for gVisor's ``runsc`` over real runc, for the demo and tests without gVisor or a GPU.
 
-Runnable as ``python -m substrate_gpu.testing.runsc`` (the simulated node installs a
-``runsc`` wrapper script that does so, next to ``nvidia-ctk``); ``tests/standins/runsc`` is
-a thin executable that runs this module.
+A standalone script (standard library only), run by its path: ``python
+.../substrate_gpu/testing/runsc.py`` (the simulated node installs a ``runsc`` wrapper that
+does so, next to ``nvidia-ctk``; ``tests/standins/runsc`` runs it the same way). It lives in
+the package so the demo, from an installed package without the tests/ tree, finds it; it
+imports nothing of the package, so a runsc command never pays for loading it.
 
 Same command-line shape as runsc (Go ``flag`` parsing: global flags before the subcommand,
 ``--flag=value`` or ``--flag value``, ``-flag`` or ``--flag``, unknown flags rejected with

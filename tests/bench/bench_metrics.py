@@ -23,7 +23,7 @@ import _targets
 from prometheus_client import CollectorRegistry, generate_latest
 
 from substrate_gpu.lifecycle import actors, events, machine
-from substrate_gpu.observability import AgentMetrics
+from substrate_gpu.observability.metrics import AgentMetrics
 from substrate_gpu.service import wiring
 
 TARGET_MS = 50.0

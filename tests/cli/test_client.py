@@ -118,3 +118,12 @@ def test_send_help_lists_the_event_types_a_client_may_send(
     out = " ".join(capsys.readouterr().out.split())
     for name in protocol.EXTERNAL_TYPES:
         assert name in out
+
+
+def test_the_help_lists_exactly_the_protocols_external_types():
+    """`client send --help` names the types the protocol accepts from a client (a copy,
+    kept so the parser loads no lifecycle: held equal here)."""
+    from substrate_gpu.cli import _client
+    from substrate_gpu.service import protocol
+
+    assert _client.EXTERNAL_TYPES == protocol.EXTERNAL_TYPES

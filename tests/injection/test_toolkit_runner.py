@@ -191,7 +191,7 @@ async def test_generation_outcomes_are_counted(gpu_node, tmp_path):
     """Each nvidia-ctk run is counted by outcome: a failure, then a success, in AgentMetrics."""
     from prometheus_client import CollectorRegistry
 
-    from substrate_gpu.observability import AgentMetrics
+    from substrate_gpu.observability.metrics import AgentMetrics
 
     registry = CollectorRegistry()
     metrics = AgentMetrics(registry)

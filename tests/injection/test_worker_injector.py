@@ -42,7 +42,7 @@ async def test_skipped_hooks_are_counted_by_name(gpu_node, tmp_path):
     """Every hook left out of an injected bundle is counted under its bounded name."""
     from prometheus_client import CollectorRegistry
 
-    from substrate_gpu.observability import AgentMetrics
+    from substrate_gpu.observability.metrics import AgentMetrics
 
     registry = CollectorRegistry()
     injector = WorkerGpuInjector(

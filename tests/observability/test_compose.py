@@ -12,8 +12,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from substrate_gpu.observability import AgentMetrics
 from substrate_gpu.observability.http import DEFAULT_PORT
+from substrate_gpu.observability.metrics import AgentMetrics
 
 from .conftest import METRICS_DIR, REPO
 from .scrape import samples

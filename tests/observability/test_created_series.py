@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics import exposition as openmetrics
 from service.agentproc import AgentProcess
 
-from substrate_gpu.observability import AgentMetrics, AgentRegistry
+from substrate_gpu.observability.metrics import AgentMetrics
+from substrate_gpu.observability.registry import AgentRegistry
 
 from .prometheus_server import free_port
 from .scrape import fetch

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import CollectorRegistry
 
-from substrate_gpu.observability import AgentMetrics, MetricsServer
 from substrate_gpu.observability.health import Check, Readiness, Report
+from substrate_gpu.observability.http import MetricsServer
+from substrate_gpu.observability.metrics import AgentMetrics
 
 from .scrape import samples
 

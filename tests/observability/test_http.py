@@ -13,7 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from substrate_gpu import exceptions
-from substrate_gpu.observability import DEFAULT_HOST, AgentMetrics, MetricsServer
+from substrate_gpu.observability.http import DEFAULT_HOST, MetricsServer
+from substrate_gpu.observability.metrics import AgentMetrics
 
 from .scrape import fetch, value
 

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from substrate_gpu.observability import AgentMetrics, MetricsServer
+from substrate_gpu.observability.http import MetricsServer
+from substrate_gpu.observability.metrics import AgentMetrics
 
 from .prometheus_server import PrometheusAPI, running_prometheus
 from .test_compose import _dashboard_exprs

@@ -1,0 +1,41 @@
+"""Defaults and environment names the node agent, the controller and the CLI agree on.
+
+The controller renders the worker agent's command line (:mod:`substrate_gpu.pools.worker_agent`)
+without loading the agent, and the CLI names these in ``--help`` without loading either: the
+values live here, below all of them, and the modules that own the behaviour
+(:mod:`~substrate_gpu.observability.http`, :mod:`~substrate_gpu.service.config`,
+:mod:`~substrate_gpu.injection.toolkit`, :mod:`~substrate_gpu.pools.shaping`) name theirs
+from here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+METRICS_HOST: Final = "127.0.0.1"
+"""Loopback: a node agent's metrics are scraped locally or through a deliberate choice."""
+
+METRICS_PORT: Final = 9477
+"""The agent's metrics port (``--metrics-port``); 0 asks the kernel for a free one."""
+
+DRAIN_TIMEOUT_S: Final = 30.0
+"""On SIGTERM/SIGINT, seconds the agent lets running effects finish (``--drain-timeout``)."""
+
+TOOLKIT_DIR: Final = Path("/opt/nvidia-toolkit")
+"""Where the NVIDIA Container Toolkit is mounted into the worker (``--toolkit-dir``)."""
+
+DRIVER_ROOT_ENV: Final = "ATE_NVIDIA_DRIVER_ROOT"
+"""The NVIDIA driver root's environment variable (agent and controller alike)."""
+
+DRIVER_ROOT: Final = Path("/usr/local/nvidia")
+"""The NVIDIA driver root when ``ATE_NVIDIA_DRIVER_ROOT`` is unset."""
+
+TOOLKIT_HOST_PATH_ENV: Final = "ATE_NVIDIA_TOOLKIT_HOST_PATH"
+"""Controller setting: the host path of the NVIDIA toolkit mounted into workers."""
+
+WORKER_IMAGE_ENV: Final = "ATE_DEFAULT_ATEOM_IMAGE"
+"""Controller setting: the worker image for pools without ``spec.ateomImage``."""
+
+MAX_SPEC_BYTES: Final = 16 * 1024 * 1024
+"""The largest CDI spec file read (``--max-spec-bytes``); a generated spec is ~30 KiB."""
