@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, Protocol, cast
 
-from substrate_gpu import _atomic, exceptions
+from substrate_gpu import _atomic, _files, exceptions
 from substrate_gpu.injection import devices
 from substrate_gpu.runsc import api as runsc_api
 
@@ -429,15 +429,23 @@ def write_manifest(image_path: Path, manifest: CheckpointManifest) -> Path:
     return path
 
 
+#: The largest manifest read (a real one is under 1 KiB).
+MAX_MANIFEST_BYTES = 1 << 20
+
+
 def read_manifest(image_path: Path) -> CheckpointManifest | None:
     """The manifest beside a checkpoint image, or None when it has none (a CPU checkpoint,
     or one from before manifests)."""
     path = image_path / MANIFEST_NAME
     try:
-        data = path.read_bytes()
+        # The image directory is shipped by another component: a FIFO here would block
+        # the effect (and the event loop) for ever, a symlink read a host file.
+        data, _ = _files.read_regular_file(
+            str(path), max_bytes=MAX_MANIFEST_BYTES, what="a checkpoint manifest"
+        )
     except FileNotFoundError:
         return None
-    except OSError as e:
+    except (OSError, _files.NotReadable) as e:
         raise PreflightError(f"while reading checkpoint manifest {path}: {e}") from e
     return CheckpointManifest.from_json(data, source=str(path))
 

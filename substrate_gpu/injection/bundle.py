@@ -18,7 +18,6 @@ The pod's pause/root container is never injected (it holds no GPU; runsc still n
 
 from __future__ import annotations
 
-import errno
 import os
 import posixpath
 import stat
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Literal, cast
 import msgspec
 import structlog
 
-from substrate_gpu import _atomic, exceptions
+from substrate_gpu import _atomic, _files, exceptions
 from substrate_gpu.injection import devices as devices_
 from substrate_gpu.injection import hooks as hooks_
 from substrate_gpu.injection import oci, toolkit
@@ -194,62 +193,7 @@ def read_config(bundle: Path) -> oci.OciConfig:
 #: The largest config.json read (a real one is a few KiB; runc's own are under 100 KiB).
 MAX_CONFIG_BYTES = 16 << 20
 
-#: Opening a bundle file: never through a symlink, never blocking on a FIFO or a device.
-_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 _DIR_OPEN_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
-
-
-class _NotReadable(Exception):
-    """A bundle file that is no regular file of bounded size (the message says which)."""
-
-
-def _read_bytes_and_mode(path: str) -> tuple[bytes, int]:
-    """A bundle file's bytes and permission bits; :class:`_NotReadable` for a symlink, a
-    FIFO, a device, a directory or a file over :data:`MAX_CONFIG_BYTES` (a FIFO would
-    block the read for ever; a symlink could make us read, then rewrite, a host file)."""
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise _NotReadable(
-                "it is a symbolic link; a bundle's config.json must be a file"
-            ) from e
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _NotReadable(
-                f"it is not a regular file ({_kind(st.st_mode)}); a bundle's config.json must be"
-                " a file"
-            )
-        if st.st_size > MAX_CONFIG_BYTES:
-            raise _NotReadable(f"it is {st.st_size} bytes, over {MAX_CONFIG_BYTES}")
-        # One read of the whole file as fstat sizes it (one byte more shows the end); a
-        # huge fixed buffer would cost an mmap and munmap of its own on every read.
-        chunks = [os.read(fd, st.st_size + 1)]
-        size = len(chunks[0])
-        if size > st.st_size:  # it grew since fstat: read on to the end, bounded
-            while size <= MAX_CONFIG_BYTES and (chunk := os.read(fd, 1 << 16)):
-                chunks.append(chunk)
-                size += len(chunk)
-            if size > MAX_CONFIG_BYTES:
-                raise _NotReadable(f"it grew over {MAX_CONFIG_BYTES} bytes while being read")
-    finally:
-        os.close(fd)
-    return b"".join(chunks), stat.S_IMODE(st.st_mode)
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a file"
 
 
 def _config_path(bundle: Path) -> str:
@@ -261,8 +205,10 @@ def _read_config(bundle: Path) -> tuple[oci.OciConfig, int]:
     """The parsed config and the file's permission bits (kept when it is rewritten)."""
     path = _config_path(bundle)
     try:
-        raw, mode = _read_bytes_and_mode(path)
-    except _NotReadable as e:
+        raw, mode = _files.read_regular_file(
+            path, max_bytes=MAX_CONFIG_BYTES, what="a bundle's config.json"
+        )
+    except _files.NotReadable as e:
         raise exceptions.InjectionError(
             f"while injecting GPUs into bundle {bundle}: refusing {path}: {e}"
         ) from e

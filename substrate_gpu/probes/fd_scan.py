@@ -29,9 +29,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import anyio
 import structlog
 
+from substrate_gpu import _blocking
 from substrate_gpu.probes import api
 
 log = structlog.get_logger(__name__)
@@ -62,7 +62,9 @@ class FdScanProbe:
 
     async def live_clients(self, pids: tuple[int, ...]) -> tuple[api.GpuClient, ...]:
         """Every NVIDIA device handle held by ``pids`` and their descendants."""
-        return await anyio.to_thread.run_sync(self.scan, pids)
+        # Abandonable: a /proc read stuck in the kernel must not hold the probe's timeout
+        # or the agent's shutdown (substrate_gpu._blocking).
+        return await _blocking.run_abandonable(lambda: self.scan(pids), name="fd-scan")
 
     def scan(self, pids: tuple[int, ...]) -> tuple[api.GpuClient, ...]:
         """The synchronous scan behind :meth:`live_clients`, ordered by (pid, fd)."""

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -91,3 +94,39 @@ def test_invalid_manifests_name_the_problem(tmp_path: Path, payload, problem) ->
     with pytest.raises(preflight.PreflightError, match=problem) as info:
         preflight.read_manifest(tmp_path)
     assert str(tmp_path / preflight.MANIFEST_NAME) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        pytest.param(os.mkfifo, "not a regular file (a FIFO)", id="fifo"),
+        pytest.param(lambda p: p.symlink_to("/etc/hostname"), "symbolic link", id="symlink"),
+        pytest.param(
+            lambda p: p.write_bytes(b" " * (preflight.MAX_MANIFEST_BYTES + 1)),
+            f"over {1 << 20}",
+            id="oversized",
+        ),
+    ],
+)
+def test_a_manifest_that_is_no_bounded_file_is_refused_at_once(
+    tmp_path: Path, make: Callable[[Path], object], problem: str
+) -> None:
+    """A FIFO (open would block the effect and the event loop for ever), a symlink (a host
+    file read) or a huge file in place of the manifest: a PreflightError naming it, at once."""
+    path = tmp_path / preflight.MANIFEST_NAME
+    make(path)
+    done: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            preflight.read_manifest(tmp_path)
+        except BaseException as e:
+            done.append(e)
+
+    worker = threading.Thread(target=read, daemon=True)
+    worker.start()
+    worker.join(10)  # a blocking open would hang here: fail instead
+    assert done, "read_manifest blocked"
+    assert isinstance(done[0], preflight.PreflightError)
+    assert str(path) in str(done[0])
+    assert problem in str(done[0])
