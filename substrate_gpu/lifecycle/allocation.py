@@ -25,6 +25,9 @@ A pure, deterministic functional core (:func:`decide`) and a small stateful shel
   allocated nor free) until it leaves its holding state; it is logged. Two records holding
   the same GPU (a log written before ``deleting`` held GPUs) are kept the same way: the GPU
   stays taken until both let go. Live grants never do either (:meth:`GpuAllocator.hold`).
+- **A legacy GPU actor holds every GPU.** One registered ``gpu: true`` before requests were
+  upgraded at the door (logged by an earlier agent, never allocated) was given all of the
+  worker's GPUs; resumed in a holding state it holds them all (:data:`EVERY_GPU`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 import structlog
 
@@ -94,13 +97,30 @@ class _Holder(Protocol):
     @property
     def state(self) -> str: ...
     @property
+    def gpu(self) -> bool: ...
+    @property
+    def uses_allocator(self) -> bool: ...
+    @property
     def gpu_devices(self) -> str: ...
 
 
+EVERY_GPU: Final = ("*",)
+"""What a legacy GPU actor holds: every GPU of the worker, whichever they turn out to be."""
+
+
 def held_by(actor: _Holder, holding_states: frozenset[str]) -> tuple[str, ...]:
-    """The GPUs ``actor`` holds: its last allocation while in a ``holds_gpus`` state."""
-    if actor.state in holding_states and actor.gpu_devices:
+    """The GPUs ``actor`` holds: its last allocation while in a ``holds_gpus`` state.
+
+    A GPU actor registered before requests were upgraded at the door (a v1 ``gpu: true``
+    logged by an earlier agent) was never allocated: it was given all of the worker's GPUs,
+    so it holds :data:`EVERY_GPU` (else a new actor would be given GPUs it uses).
+    """
+    if actor.state not in holding_states:
+        return ()
+    if actor.gpu_devices:
         return tuple(actor.gpu_devices.split(","))
+    if actor.gpu and not actor.uses_allocator:
+        return EVERY_GPU
     return ()
 
 
@@ -190,6 +210,8 @@ class GpuAllocator:
         self._discover = discover
         self._table: dict[str, tuple[str, ...]] = {}
         self._taken: collections.Counter[str] = collections.Counter()
+        self._everything: set[str] = set()
+        """Legacy actors holding :data:`EVERY_GPU` (expanded again if the worker changes)."""
 
     @classmethod
     async def discovered(cls, discover: GpuDiscovery, name: str = "") -> GpuAllocator:
@@ -239,6 +261,7 @@ class GpuAllocator:
         Returns whether GPUs were freed. A device another actor holds, or one this worker
         does not have, is an error: the table is never oversubscribed.
         """
+        devices = self._expand(actor_id, devices)
         before = self._table.get(actor_id, ())
         if before == devices:
             return False
@@ -274,17 +297,27 @@ class GpuAllocator:
         """
         self._table.clear()
         self._taken.clear()
-        for actor_id, devices in held:
+        self._everything.clear()
+        for actor_id, record in held:
+            devices = self._expand(actor_id, record)
             if devices:
                 self._put(actor_id, tuple(self._canonical(d) for d in devices))
         self._check_records()
+
+    def _expand(self, actor_id: str, devices: tuple[str, ...]) -> tuple[str, ...]:
+        if devices == EVERY_GPU:
+            self._everything.add(actor_id)
+            return self.worker.names
+        self._everything.discard(actor_id)
+        return devices
 
     def _canonical(self, device: str) -> str:
         return self.worker.aliases.get(device, device)
 
     def _set_worker(self, worker: WorkerGpus) -> None:
         self.worker = worker
-        self.rebuild(tuple(self._table.items()))
+        held = dict.fromkeys(self._everything, EVERY_GPU)
+        self.rebuild({**self._table, **held}.items())
 
     def _check_records(self) -> None:
         if self.unknown is not None:

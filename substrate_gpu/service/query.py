@@ -45,6 +45,12 @@ def is_query(line: bytes) -> bool:
     return b'"query"' in line and _QUERY_KEY.match(line) is not None
 
 
+def may_list_actors(line: bytes) -> bool:
+    """Whether the query ``line`` may ask for an actor list (an answer that grows with the
+    worker); a stray mention of the word only makes its answer wait for room like one."""
+    return b'"actors"' in line
+
+
 def answer(agent: Agent, line: bytes, line_number: int) -> bytes:
     """The answer line to the query ``line`` (never raises on bad input)."""
     try:

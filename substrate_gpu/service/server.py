@@ -31,6 +31,13 @@ Design decisions:
   a partial line (or an unread answer) for ``line_timeout`` seconds, is closed. A line is
   buffered up to :data:`protocol.MAX_LINE_BYTES` and no further. ``accept`` failing for
   lack of file descriptors or memory is backed off from, never fatal.
+- **Big answers share one budget** (:class:`AnswerBudget`): an answer over
+  :data:`SMALL_ANSWER` bytes (an ``actors`` query on a busy worker: ~1.4 MB for 20,000
+  actors) is sent only while it holds its size from one budget of ``max_clients`` x
+  :data:`SMALL_ANSWER` shared by every connection, so clients that ask and never read hold
+  that much in all, not a whole answer each. A client waiting for room is not read from and
+  its answer not built until the room is there (a built answer waiting would be the memory
+  the budget bounds).
 - **Health on the metrics port.** ``/healthz`` and ``/readyz`` (:mod:`.health`) are served
   from the moment the log is locked, before recovery: a probe sees ``recovery: running``,
   not a refused connection. SIGTERM turns readiness off before the drain begins.
@@ -45,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import signal
 import socket
@@ -200,6 +208,61 @@ class ClientLimits:
         return cls(config.max_clients, config.idle_timeout, config.line_timeout)
 
 
+SMALL_ANSWER: Final = 64 * 1024
+"""Answers up to this many bytes are sent at once; larger ones draw on the :class:`AnswerBudget`."""
+
+
+class AnswerBudget:
+    """The bytes of answers over :data:`SMALL_ANSWER` that all socket clients hold at once.
+
+    An answer takes its size while it is sent and gives it back once sent (or its client
+    is gone). One that does not fit is dropped and waits, holding nothing, until an answer
+    of its size fits, then is built again. An answer larger than the whole budget is sent
+    alone, so it never waits for ever. Answers of one kind (``like_last``: actor lists) are
+    about the same size, so such a query waits for room for the last one before it is built
+    at all: 200 clients asking for a list are not 200 lists built to be dropped.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        """Bytes held by answers being sent."""
+        self._expected = 0
+        self._room = anyio.Event()
+
+    def _fits(self, size: int) -> bool:
+        # 0: a size not known yet (build it to learn it); an answer alone always fits.
+        return size == 0 or self.used == 0 or self.used + size <= self.capacity
+
+    @contextlib.asynccontextmanager
+    async def held(
+        self, build: Callable[[], bytes], *, like_last: bool = False
+    ) -> AsyncIterator[bytes]:
+        """The answer ``build`` makes, holding its size from the budget while inside."""
+        expected = self._expected if like_last else 0
+        while True:
+            while not self._fits(expected):
+                await self._room.wait()
+            answer = build()
+            size = len(answer)
+            if size <= SMALL_ANSWER:
+                yield answer
+                return
+            if like_last:
+                self._expected = size
+            if self._fits(size):
+                break
+            expected = size
+            del answer  # waiting must hold nothing: built again once there is room
+        self.used += size
+        try:
+            yield answer
+        finally:
+            self.used -= size
+            self._room.set()
+            self._room = anyio.Event()
+
+
 class _Hangup(Exception):
     """The connection ends here; ``answer`` (if any) is sent first, ``reason`` counted."""
 
@@ -284,10 +347,15 @@ class _LineReader:
 
 
 async def serve_stream(
-    service: AgentService, stream: ByteStream, limits: ClientLimits | None = None
+    service: AgentService,
+    stream: ByteStream,
+    limits: ClientLimits | None = None,
+    budget: AnswerBudget | None = None,
 ) -> None:
-    """Serve one connection until the client closes it, a limit ends it, or the intake stops."""
+    """Serve one connection until the client closes it, a limit ends it, or the intake stops;
+    its big answers draw on ``budget`` (shared by the socket's connections; None: its own)."""
     limits = limits or ClientLimits()
+    budget = budget or AnswerBudget(SMALL_ANSWER)
     reader = _LineReader(stream, limits)
     number = 0
     async with stream:
@@ -299,6 +367,14 @@ async def serve_stream(
                 number += 1
                 # A line read is a line answered, even while shutting down (within the grace).
                 with service.answering():
+                    if query.is_query(line):
+                        # Only a query's answer grows with the worker (events answer a line).
+                        async with budget.held(
+                            functools.partial(query.answer, service.agent, line, number),
+                            like_last=query.may_list_actors(line),
+                        ) as answer:
+                            await _send(stream, answer, limits)
+                        continue
                     response = await service.handle_line(line, number)
                     if response is not None:
                         await _send(stream, response, limits)
@@ -409,10 +485,12 @@ async def _accept_forever(
     backoff, ceiling = _ACCEPT_BACKOFF
     active = 0
 
+    budget = AnswerBudget(limits.max_clients * SMALL_ANSWER)
+
     async def serve(stream: ByteStream) -> None:
         nonlocal active
         try:
-            await serve_stream(service, stream, limits)
+            await serve_stream(service, stream, limits, budget)
         finally:
             active -= 1
             if service.metrics is not None:

@@ -17,6 +17,7 @@ from lifecycle.doubles import FakeInjector, FakeRuntime
 from substrate_gpu import preflight
 from substrate_gpu.eventlog import EventLog, replay
 from substrate_gpu.lifecycle import Agent, actors, events, machine
+from substrate_gpu.lifecycle.agent import ResumePoint
 from substrate_gpu.lifecycle.allocation import (
     GpuAllocator,
     GpuRequest,
@@ -484,3 +485,30 @@ async def test_a_restore_is_checked_against_the_gpus_allocated_for_it(
             "restore refused (restore-fewer-gpus): the checkpoint holds 2 GPU(s), this restore "
             "was allocated 1 (nvidia.com/gpu=0): restore asking for at least as many GPUs"
         )
+
+
+@anyio_mark
+async def test_a_legacy_gpu_actor_resumed_from_a_v1_log_holds_every_gpu(
+    make_agent: MakeAgent, tmp_path: Path
+) -> None:
+    """A v1 ``gpu: true`` actor logged before upgrade-at-the-door (running, no allocation):
+    after the upgrade it holds all the worker's GPUs, so a new v2 actor waits for them."""
+    compat = Path(__file__).parents[1] / "eventlog/compat/v1/demo.jsonl"
+    lines = compat.read_text().splitlines(keepends=True)
+    # Up to gpu-trainer's sandbox_started (seq 20): it runs with every GPU, unallocated
+    # (gpu-notebook, mid-injection there, is left out).
+    cut = next(i for i, line in enumerate(lines) if '"seq":20,' in line)
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(line for line in lines[: cut + 1] if "gpu-notebook" not in line))
+    logged = replay(path)
+    legacy = [(v.actor_id, v.state, v.uses_allocator) for v in logged.actors.values() if v.gpu]
+    assert legacy == [("gpu-trainer", "running", False)]
+    allocator = GpuAllocator(FOUR)
+    resume = ResumePoint(actors=tuple(logged.actors.values()), last_seq=20)
+    async with make_agent(allocator=allocator, resume=resume) as agent:
+        assert allocator.free == 0
+        await _register(agent, "new", gpus=1)
+        await _reaches(agent, events.RunRequested(actor_id="new"), "awaiting_gpus")
+        await agent.submit(events.SandboxExited(actor_id="gpu-trainer", status=0))
+        await agent.wait_for_state("new", "running", timeout=5)
+    assert allocator.table == {"new": ("nvidia.com/gpu=0",)}

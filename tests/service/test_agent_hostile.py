@@ -433,3 +433,45 @@ def test_a_restart_on_an_unwritable_log_is_a_clear_error(tmp_path, immutable, ta
     stderr = second.stderr()
     assert "Traceback" not in stderr
     assert "substrate-gpu: error:" in stderr and "events.jsonl" in stderr
+
+
+# --- 8. clients that ask for big answers and never read them -----------------------------------
+
+
+def test_clients_that_never_read_big_answers_cannot_grow_memory_without_bound(tmp_path):
+    """20,000 actors, 200 clients pipelining {"query":"actors"} (~1.4 MB each) and never reading:
+    the answers over 64 KiB share one budget of --max-clients x 64 KiB, so RSS grows by about
+    that, not by one whole answer per client (280 MB)."""
+    actors = 20_000
+    lines = ['{"format":"substrate-gpu-eventlog","v":1,"base_seq":0,"snapshot":null}']
+    lines += [
+        json.dumps({**register(f"actor-{i:07d}"), "seq": i + 1, "at": 1796053910.0 + i})
+        for i in range(actors)
+    ]
+    (tmp_path / "events.jsonl").write_text("\n".join(lines) + "\n")
+    agent = AgentProcess.on_socket(tmp_path, "--max-clients", "200", "--line-timeout", "60")
+    readers: list[socket.socket] = []
+    try:
+        with agent.client() as client:
+            answer = client.request({"query": "actors"})
+        assert len(answer["actors"]) == actors
+        before = rss_kib(agent.process.pid)
+        for _ in range(200):
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(5)
+            s.connect(str(agent.socket))
+            s.sendall(b'{"query":"actors"}\n' * 4)
+            readers.append(s)
+        time.sleep(1.0)
+        grown = rss_kib(agent.process.pid) - before
+        assert agent.process.poll() is None
+        # Unbounded this grows by ~280 MiB (one 1.4 MB answer held per client); the shared
+        # budget is 200 x 64 KiB = 12.5 MiB (answers in the kernel's buffers are not RSS).
+        assert grown < 40 * 1024, f"RSS grew {grown} KiB under 200 clients not reading"
+        # Those holding the budget are answered in full once they read.
+        with readers[0].makefile("rb") as first:
+            assert len(json.loads(first.readline())["actors"]) == actors
+    finally:
+        for s in readers:
+            s.close()
+        assert agent.terminate() == 0
