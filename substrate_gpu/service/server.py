@@ -637,20 +637,24 @@ async def running_agent(
     metrics = wiring.agent_metrics(
         registry, spec, lambda: agents[0].state_counts() if agents else {}
     )
-    if components is None:
-        built = wiring.build_collaborators(config, metrics)
-        components = Components(
-            runtime=built.runtime,
-            probe=built.probe,
-            injector=built.injector,
-            gpus=wiring.gpu_discovery(config, built.injector),
-        )
+    if config.socket is not None:
+        # Before anything is touched (the log's lock and file, the metrics port, GPU
+        # discovery): an agent whose socket another agent serves must leave no trace.
+        _claim_socket_path(config.socket)
     health = health_.AgentHealth(config)
     metrics.report_readiness(health.readiness)
     async with contextlib.AsyncExitStack() as stack:
         if config.event_log is not None:
             # Before recovery reads the log: a second agent must not even reconcile it.
             stack.enter_context(eventlog.lock(config.event_log))
+        if components is None:
+            built = wiring.build_collaborators(config, metrics)
+            components = Components(
+                runtime=built.runtime,
+                probe=built.probe,
+                injector=built.injector,
+                gpus=wiring.gpu_discovery(config, built.injector),
+            )
         url = None
         if config.metrics_port:
             server = await stack.enter_async_context(

@@ -344,6 +344,10 @@ def test_a_second_agent_never_takes_over_a_live_socket(tmp_path):
         )
         assert second.wait() == 1
         assert "another process is serving" in second.stderr()
+        # Checked before anything is touched: no log, no seq mark, no lock file (only the
+        # test's own capture of the agent's stderr is there).
+        left = [p.name for p in other.iterdir() if p != second.stderr_path]
+        assert left == [], second.stderr()
         with first.client() as client:
             assert client.request(register("still-mine"))["ok"]
     finally:
