@@ -19,7 +19,14 @@ cached per worker and shared between actors. Every problem is a
 
 from __future__ import annotations
 
-from substrate_gpu.cdi.gpus import NVIDIA_GPU_KIND, Gpu, list_gpus, mig_reason
+from substrate_gpu.cdi.gpus import (
+    DRA_CLAIM_KIND,
+    NVIDIA_GPU_KIND,
+    Gpu,
+    list_gpus,
+    mig_reason,
+    refused_devices,
+)
 from substrate_gpu.cdi.model import (
     ALL_DEVICES,
     ContainerEdits,
@@ -44,6 +51,7 @@ from substrate_gpu.cdi.versions import KNOWN_VERSIONS, minimum_required
 
 __all__ = [
     "ALL_DEVICES",
+    "DRA_CLAIM_KIND",
     "KNOWN_VERSIONS",
     "MAX_SPEC_BYTES",
     "NVIDIA_GPU_KIND",
@@ -69,4 +77,5 @@ __all__ = [
     "parse_qualified_name",
     "parse_spec",
     "qualified_name",
+    "refused_devices",
 ]

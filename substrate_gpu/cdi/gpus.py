@@ -6,12 +6,23 @@ legacy ``type-index`` strategy ``gpu<index>``; plus ``all``. A GPU is identified
 ``/dev/nvidiaN`` node: devices whose edits hold exactly that one GPU node are names of the
 same GPU. ``all`` (and any device holding several GPU nodes) is not a GPU.
 
+**DRA claims.** NVIDIA's DRA driver writes one transient spec per ResourceClaim, kind
+``k8s.gpu.nvidia.com/claim``, whose devices are named ``<claim-uid>-gpu-<minor>`` (a MIG
+instance: ``<claim-uid>-gpu-<minor>-mig-<profile>-<start>-<size>``) and carry the same
+per-GPU edits as the toolkit's. A claim device is one more name of the GPU whose
+``/dev/nvidiaN`` node it holds, so the allocator hands it out like an index or UUID name
+and never gives the same GPU twice under two names. On a fresh node the driver has written
+claim devices without any ``/dev/nvidia*`` node (the device files did not exist yet;
+dra-driver-nvidia-gpu #1380): such a device is refused by name (:func:`not_a_gpu_reason`),
+since the container would start with no GPU while looking fine.
+
 **MIG.** nvproxy, gVisor's GPU proxy, does not support MIG (brief §10): a MIG instance's
 CUDA clients need the ``/dev/nvidia-caps/nvidia-cap<N>`` capability nodes and the MIG
 ioctls behind them. A device is a MIG device when
 
 * its name is one nvidia-ctk gives MIG devices: ``<gpu>:<mig>`` (index strategy, e.g.
-  ``0:1``), ``mig<gpu>:<mig>`` (type-index), ``MIG-<uuid>`` (uuid strategy); or
+  ``0:1``), ``mig<gpu>:<mig>`` (type-index), ``MIG-<uuid>`` (uuid strategy), or the DRA
+  driver's ``…-gpu-<minor>-mig-…``; or
 * its edits hold a node under ``/dev/nvidia-caps/`` (the GPU-instance and compute-instance
   access capabilities; also the MIG config/monitor capabilities of a management spec).
 
@@ -25,6 +36,7 @@ allocatable: CUDA cannot use a MIG-enabled GPU as a whole.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol
 
@@ -47,9 +59,13 @@ class Devices(Protocol):
 
 #: The kind nvidia-ctk writes for GPUs.
 NVIDIA_GPU_KIND: Final = "nvidia.com/gpu"
+#: The kind of NVIDIA's DRA driver's per-claim specs (vendor ``k8s.gpu.nvidia.com``, class
+#: ``claim``); their GPUs are named ``<claim-uid>-gpu-<minor>``.
+DRA_CLAIM_KIND: Final = "k8s.gpu.nvidia.com/claim"
 
 _GPU_NODE: Final = re.compile(r"/dev/nvidia([0-9]+)")
-_MIG_NAME: Final = re.compile(r"(?:mig)?[0-9]+:[0-9]+|MIG-.+")
+_MIG_NAME: Final = re.compile(r"(?:mig)?[0-9]+:[0-9]+|MIG-.+|.*-gpu-[0-9]+-mig-.*")
+_NVIDIA_NODE_PREFIX: Final = "/dev/nvidia"
 _INDEX_NAME: Final = re.compile(r"(?:gpu)?([0-9]+)")
 _MIG_CAPS_DIR: Final = "/dev/nvidia-caps/"
 
@@ -77,6 +93,40 @@ def gpu_nodes(edits: model.ContainerEdits) -> tuple[str, ...]:
     return tuple(n.path for n in edits.device_nodes if _GPU_NODE.fullmatch(n.path))
 
 
+def is_nvidia_kind(kind: str) -> bool:
+    """Whether ``kind``'s vendor is NVIDIA's (``nvidia.com`` or a subdomain of it, as the DRA
+    driver's ``k8s.gpu.nvidia.com``)."""
+    vendor = kind.partition("/")[0]
+    return vendor == "nvidia.com" or vendor.endswith(".nvidia.com")
+
+
+def no_nvidia_node_reason(device: model.Device) -> str | None:
+    """Why ``device`` would give a container no NVIDIA device at all, or ``None``.
+
+    Its own edits must hold a ``/dev/nvidia*`` node: a device with only ``/dev/dri`` nodes,
+    hooks or env (a DRA claim spec written before the node's device files existed) starts
+    a container that looks fine and has no GPU.
+    """
+    if any(n.path.startswith(_NVIDIA_NODE_PREFIX) for n in device.container_edits.device_nodes):
+        return None
+    return (
+        f"its edits carry no {_NVIDIA_NODE_PREFIX}* device node (a DRA driver writes such"
+        " specs when the node's /dev/nvidia* files did not exist yet: create them, e.g. with"
+        " nvidia-smi or nvidia-modprobe, then re-create the claim)"
+    )
+
+
+def not_a_gpu_reason(device: model.Device) -> str | None:
+    """Why the allocator cannot hand ``device`` out as one full GPU, or ``None`` if it can."""
+    reason = mig_reason(device) or no_nvidia_node_reason(device)
+    if reason is not None:
+        return reason
+    nodes = gpu_nodes(device.container_edits)
+    if len(nodes) != 1:
+        return f"it holds {len(nodes)} /dev/nvidiaN GPU nodes, not one"
+    return None
+
+
 @dataclass(frozen=True)
 class Gpu:
     """One full GPU of a spec set, with every name that requests it."""
@@ -99,16 +149,26 @@ def _node_number(node: str) -> int:
     return int(match.group(1)) if match else -1
 
 
+def _gpu_kind_devices(
+    spec_set: Devices, kind: str
+) -> Iterator[tuple[names.QualifiedName, model.Device]]:
+    yield from spec_set.devices(kind=kind)
+    if kind == NVIDIA_GPU_KIND:
+        yield from spec_set.devices(kind=DRA_CLAIM_KIND)
+
+
 def list_gpus(spec_set: Devices, *, kind: str = NVIDIA_GPU_KIND) -> tuple[Gpu, ...]:
     """The full GPUs that specs of ``kind`` define, in a deterministic order.
 
     Ordered by index, then by node number (GPUs without an index name last). GPUs in MIG
     mode are left out (see the module docstring). Devices whose name is defined in more
     than one spec of the same priority are left out too (requesting them is an error).
+    With the default ``kind``, DRA claim devices (:data:`DRA_CLAIM_KIND`) are further names
+    of the GPU whose node they hold.
     """
     by_node: dict[str, list[tuple[names.QualifiedName, model.Device]]] = {}
     mig_nodes: set[str] = set()
-    for qualified, device in spec_set.devices(kind=kind):
+    for qualified, device in _gpu_kind_devices(spec_set, kind):
         nodes = gpu_nodes(device.container_edits)
         if device.name == model.ALL_DEVICES or len(nodes) != 1:
             continue  # not one GPU: `all`, or a group of GPUs
@@ -138,3 +198,16 @@ def list_gpus(spec_set: Devices, *, kind: str = NVIDIA_GPU_KIND) -> tuple[Gpu, .
         key=lambda g: (g.index is None, g.index if g.index is not None else 0, _node_number(g.node))
     )
     return tuple(gpus)
+
+
+def refused_devices(spec_set: Devices, *, kind: str = NVIDIA_GPU_KIND) -> dict[str, str]:
+    """Qualified name -> why it is not an allocatable GPU, for the devices of ``kind`` (and
+    of DRA claims) that :func:`list_gpus` leaves out, ``all`` excepted (it names every GPU)."""
+    listed = {name for gpu in list_gpus(spec_set, kind=kind) for name in gpu.names}
+    refused: dict[str, str] = {}
+    for qualified, device in _gpu_kind_devices(spec_set, kind):
+        name = str(qualified)
+        if device.name == model.ALL_DEVICES or name in listed:
+            continue
+        refused[name] = not_a_gpu_reason(device) or "its GPU is in MIG mode"
+    return refused

@@ -119,7 +119,8 @@ def edits_for_devices(spec_set: SpecSet, requested: Sequence[str]) -> model.Cont
     ``nvidia.com/gpu=GPU-<uuid>``, a DRA claim's names, or ``nvidia.com/gpu=all``);
     a name given twice counts once. Raises
     :class:`~substrate_gpu.exceptions.DeviceRequestError` for a malformed, unknown or
-    conflicting name (every unknown name is listed, with what the spec set offers) and
+    conflicting name (every unknown name is listed, with what the spec set offers) or for a
+    device of an NVIDIA kind whose own edits carry no ``/dev/nvidia*`` node, and
     :class:`~substrate_gpu.exceptions.MigDeviceRefused` for a MIG device.
     """
     if not requested:
@@ -147,6 +148,11 @@ def edits_for_devices(spec_set: SpecSet, requested: Sequence[str]) -> model.Cont
                 f"while resolving CDI device {name}: refused because {reason}; nvproxy"
                 " (gVisor's GPU proxy) has no MIG support — request a full GPU, or disable"
                 " MIG on this GPU (nvidia-smi -i <gpu> -mig 0)"
+            )
+        reason = gpus.no_nvidia_node_reason(found[1]) if gpus.is_nvidia_kind(name.kind) else None
+        if reason is not None:
+            raise exceptions.DeviceRequestError(
+                f"while resolving CDI device {name}: refused because {reason}"
             )
         chosen.append(found)
     if unknown:

@@ -31,6 +31,22 @@ Skipped (:data:`SKIP_REASONS`):
   ``/dev/nvidia-caps`` in the container; in gVisor the sentry creates ``/dev`` from the
   OCI device list with the modes we give, and those paths are the MIG capability nodes,
   which we refuse (nvproxy has no MIG support).
+- ``apply-cuda-memory-limits`` (toolkit 1.20+) — reads ``NVIDIA_GPU_MEMORY_REQUEST`` and
+  ``NVIDIA_GPU_MEMORY_LIMIT`` (MiB) from the container's env, needs cgroup v2, resolves the
+  container's cgroup from its pid and calls the host's NVML (``SetMemoryLimits_v1``) on
+  each ``--gpu-id``. Under gVisor that pid's cgroup is the whole sandbox's, and the hook
+  loads the host driver's libnvidia-ml into a root process on the host side on behalf of
+  an env the untrusted workload chose; GPU memory is not limited per actor here (the
+  allocator never shares a GPU). Without both variables it does nothing.
+- ``check-requirements`` (toolkit main, 2026) — parses the image's ``NVIDIA_REQUIRE_*``
+  constraints against the host driver, on the host side, to fail a container early; the
+  workload's own CUDA init reports the same mismatch, and the driver preflight
+  (:mod:`substrate_gpu.preflight`) checks what nvproxy needs.
+- ``create-soname-symlinks`` (1.18.0-rc.1 only, then removed) — ran ldconfig in the
+  container root to create SONAME links: the same objection as ``update-ldcache``, and we
+  stage those links ourselves.
+- ``update-nvidia-params`` — the development name of ``disable-device-node-modification``:
+  skipped for the same reason.
 - any other hook: not in the allowlist (unreviewed).
 
 The subcommand's position differs by toolkit version: ``nvidia-ctk hook <name> …``
@@ -71,6 +87,21 @@ SKIP_REASONS: dict[str, str] = {
     "chmod": (
         "deprecated; the sentry creates /dev with the modes we give, and its paths"
         " (/dev/nvidia-caps) are MIG nodes, which are refused"
+    ),
+    "apply-cuda-memory-limits": (
+        "calls the host's NVML on the sandbox's whole cgroup, driven by env the workload"
+        " chose (NVIDIA_GPU_MEMORY_REQUEST/LIMIT); GPUs are not shared, so not limited"
+    ),
+    "check-requirements": (
+        "checks the image's NVIDIA_REQUIRE_* on the host side; CUDA init reports a mismatch"
+        " and the driver preflight checks what nvproxy needs"
+    ),
+    "create-soname-symlinks": (
+        "runs ldconfig in the container root (1.18.0-rc.1 only); SONAME links are staged instead"
+    ),
+    "update-nvidia-params": (
+        "the development name of disable-device-node-modification: runsc emulates"
+        " ModifyDeviceFiles=0 itself"
     ),
 }
 

@@ -5,7 +5,13 @@ A pure, deterministic functional core (:func:`decide`) and a small stateful shel
 
 - An actor asks for all of the worker's GPUs (``actor_registered.gpu`` alone, as before), a
   count (``gpus: N``: the lowest free indices first), or fully qualified CDI names
-  (``nvidia.com/gpu=0``, ``nvidia.com/gpu=GPU-<uuid>``, a DRA claim's names: exactly those).
+  (``nvidia.com/gpu=0``, ``nvidia.com/gpu=GPU-<uuid>``, a DRA claim's
+  ``k8s.gpu.nvidia.com/claim=<uid>-gpu-N``: exactly those). A claim name is one more name
+  of the GPU whose node it holds; since the DRA driver writes a claim's spec just before
+  the pod's containers start, a name the worker does not know yet makes the allocator look
+  at the specs again before it refuses.
+- A named device that is not a full GPU (MIG, or a claim device whose edits carry no
+  ``/dev/nvidia*`` node) is refused with why (:func:`substrate_gpu.cdi.refused_devices`).
 - GPUs are never shared: a request that the free GPUs cannot meet **waits** (the machine's
   ``awaiting_gpus`` state, retried when GPUs are freed); one that this worker can never meet
   (more GPUs than it has, a name it does not have, the same GPU named twice) is **refused**
@@ -34,7 +40,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Container, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
 
 import structlog
@@ -131,17 +137,22 @@ class WorkerGpus:
     names: tuple[str, ...]
     """Canonical name per GPU (``cdi.Gpu.name``), lowest index first."""
     aliases: Mapping[str, str]
-    """Any qualified name (index, UUID, ...) -> canonical name."""
+    """Any qualified name (index, UUID, DRA claim, ...) -> canonical name."""
+    refused: Mapping[str, str] = field(default_factory=dict)
+    """Qualified names the specs define that are not full GPUs -> why."""
 
     @classmethod
-    def of(cls, gpus: Iterable[cdi.Gpu]) -> WorkerGpus:
-        """From :func:`substrate_gpu.cdi.list_gpus` (already in index order)."""
+    def of(cls, gpus: Iterable[cdi.Gpu], refused: Mapping[str, str] | None = None) -> WorkerGpus:
+        """From :func:`substrate_gpu.cdi.list_gpus` (already in index order) and
+        :func:`substrate_gpu.cdi.refused_devices`."""
         ordered = tuple(gpus)
         aliases: dict[str, str] = {}
         for gpu in ordered:
             for name in (gpu.name, *gpu.names):
                 aliases[name] = gpu.name
-        return cls(names=tuple(g.name for g in ordered), aliases=aliases)
+        return cls(
+            names=tuple(g.name for g in ordered), aliases=aliases, refused=dict(refused or {})
+        )
 
     @classmethod
     def named(cls, names: Sequence[str]) -> WorkerGpus:
@@ -160,6 +171,9 @@ def decide(request: GpuRequest, worker: WorkerGpus, taken: Container[str]) -> De
         for name in request.names:
             canonical = worker.aliases.get(name)
             if canonical is None:
+                why = worker.refused.get(name)
+                if why is not None:
+                    return Refused(f"{name!r} is not a GPU this worker can give: {why}")
                 return Refused(f"this worker has no GPU named {name!r}")
             if canonical in wanted:
                 return Refused(f"{name!r} names GPU {canonical!r} a second time")
@@ -220,13 +234,20 @@ class GpuAllocator:
         await allocator.ensure_known()
         return allocator
 
-    async def ensure_known(self) -> None:
-        """While the worker's GPUs are unknown, ask ``discover`` again (a no-op once known)."""
-        if self.unknown is None or self._discover is None:
+    async def ensure_known(self, names: Iterable[str] = ()) -> None:
+        """While the worker's GPUs are unknown, or ``names`` holds a name they lack (a DRA
+        claim's spec written since), ask ``discover`` again; otherwise a no-op."""
+        if self._discover is None:
+            return
+        if self.unknown is None and all(n in self.worker.aliases for n in names):
             return
         try:
             worker = await self._discover()
         except exceptions.SubstrateGpuError as e:
+            if self.unknown is None:
+                # Known GPUs stay known: only the new names are missing (refused as such).
+                _log.warning("worker GPUs not re-read", worker=self.name, reason=str(e))
+                return
             self.unknown = str(e)
             _log.warning("worker GPUs unknown", worker=self.name, reason=self.unknown)
             return

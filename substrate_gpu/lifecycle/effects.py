@@ -121,13 +121,14 @@ async def allocate(ctx: EffectContext, actor: ActorView, event: events.Event) ->
 
     No await between the decision and the acceptance of its outcome (which updates the
     table), so no other actor's allocation comes in between: grants are disjoint. While
-    the worker's GPUs are unknown (no CDI spec yet) they are looked for again first.
+    the worker's GPUs are unknown (no CDI spec yet), or a name asked for is not known yet
+    (a DRA claim's spec), they are looked for again first.
     """
     request = allocation.request_of(actor)
     if ctx.allocator is None:
         # No allocator: the upstream behaviour (all GPUs, or exactly the names asked for).
         return events.GpusAllocated(actor_id=actor.actor_id, names=request.names)
-    await ctx.allocator.ensure_known()
+    await ctx.allocator.ensure_known(request.names)
     decision = ctx.allocator.decide(request)
     if isinstance(decision, allocation.Granted):
         return events.GpusAllocated(actor_id=actor.actor_id, names=decision.devices)

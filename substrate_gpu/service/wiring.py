@@ -239,6 +239,6 @@ def gpu_discovery(config: AgentConfig, injector: WorkerGpuInjector) -> allocatio
                 f"the CDI spec {spec_path} defines no whole GPU of kind {cdi.NVIDIA_GPU_KIND} "
                 "(GPUs in MIG mode are not allocatable)"
             )
-        return allocation.WorkerGpus.of(gpus)
+        return allocation.WorkerGpus.of(gpus, cdi.refused_devices(spec_set))
 
     return discover

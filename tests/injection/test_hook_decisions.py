@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import structlog
 from structlog.testing import capture_logs
@@ -59,6 +61,31 @@ def toolkit_hook(*args: str) -> model.Hook:
             "deprecated",
             id="chmod",
         ),
+        # Toolkit 1.20+: NVIDIA_GPU_MEMORY_REQUEST/LIMIT through the host's NVML.
+        pytest.param(
+            ("apply-cuda-memory-limits", "--gpu-id", "GPU-1", "--driver-root", "/"),
+            "skip",
+            "NVIDIA_GPU_MEMORY_REQUEST/LIMIT",
+            id="apply-cuda-memory-limits",
+        ),
+        pytest.param(
+            ("check-requirements", "--driver-root", "/"),
+            "skip",
+            "NVIDIA_REQUIRE_*",
+            id="check-requirements",
+        ),
+        pytest.param(
+            ("create-soname-symlinks", "--folder", "/x"),
+            "skip",
+            "SONAME links are staged instead",
+            id="create-soname-symlinks",
+        ),
+        pytest.param(
+            ("update-nvidia-params",),
+            "skip",
+            "development name of disable-device-node-modification",
+            id="update-nvidia-params",
+        ),
         pytest.param(
             ("some-future-hook",),
             "skip",
@@ -95,3 +122,28 @@ def test_skip_log_lines_carry_the_reason(node_edits, gpu_node, tmp_path, monkeyp
             "update-application-profile",
         )
     }
+
+
+# Every nvidia-cdi-hook subcommand of the toolkit's releases and main branch (late 2026:
+# cmd/nvidia-cdi-hook/*, internal/discover/hooks.go); a new one gets a row here when reviewed.
+TOOLKIT_HOOKS = (
+    "apply-cuda-memory-limits",
+    "check-requirements",
+    "chmod",
+    "create-soname-symlinks",
+    "create-symlinks",
+    "disable-device-node-modification",
+    "enable-cuda-compat",
+    "update-application-profile",
+    "update-ldcache",
+    "update-nvidia-params",
+)
+
+
+def test_every_toolkit_hook_is_decided_in_the_code_and_the_docs_table() -> None:
+    """Each known hook is allowlisted or has a skip reason, and has its row in the docs."""
+    decided = hooks.KEPT_SUBCOMMANDS | set(hooks.SKIP_REASONS)
+    assert decided == set(TOOLKIT_HOOKS)
+    table = (Path(__file__).resolve().parents[2] / "docs" / "gpu-injection.md").read_text()
+    missing = [name for name in TOOLKIT_HOOKS if f"\n| `{name}` |" not in table]
+    assert missing == []
