@@ -282,6 +282,15 @@ def _write_manifest(
         _log.warning("checkpoint has no manifest", image=str(image), reason=str(e))
 
 
+def _gpus_held(ctx: EffectContext, actor: ActorView) -> int:
+    """How many GPUs the actor's sandbox holds: its grant, else all of the worker's."""
+    granted = _granted(actor)
+    if granted is not None:
+        return len(granted)
+    facts = ctx.gpu.host_facts() if ctx.gpu is not None else None
+    return facts.gpu_count if isinstance(facts, preflight.HostGpuFacts) else 0
+
+
 async def _features_of(runtime: runsc.SandboxRuntime, container_id: str) -> runsc.RunscFeatures:
     """What the runsc hosting ``container_id`` supports (the runtime's, unless it runs
     sandboxes under more than one runsc build)."""
@@ -302,7 +311,15 @@ async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) 
     image = ctx.checkpoint_root / actor_id / str(event.seq)
     try:
         await ctx.runtime.checkpoint(
-            actor_id, image, leave_running=features.leave_running, cuda_checkpoint_path=cuda_path
+            actor_id,
+            image,
+            leave_running=features.leave_running,
+            cuda_checkpoint_path=cuda_path,
+            cuda_checkpoint_sequential=(
+                cuda_path is not None
+                and features.cuda_checkpoint_sequential
+                and _gpus_held(ctx, actor) > 1
+            ),
         )
     except runsc.LiveNvproxyClientsError as e:
         return events.CheckpointRefused(
