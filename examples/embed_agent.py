@@ -40,6 +40,7 @@ class InMemoryRuntime:
         *,
         leave_running: bool,
         cuda_checkpoint_path: Path | None = None,
+        cuda_checkpoint_sequential: bool = False,
     ) -> None:
         print(f"  runtime: checkpoint {container_id} -> {image_path.name}")
         # As runsc does: it creates the image directory (the agent writes its manifest there).

@@ -192,6 +192,7 @@ class CpuOnGvisor(driver.RunscDriver):
         *,
         leave_running: bool,
         cuda_checkpoint_path: Path | None = None,
+        cuda_checkpoint_sequential: bool = False,
     ) -> None:
         if container_id in self.in_gvisor:
             return await self.gvisor.checkpoint(
@@ -202,6 +203,7 @@ class CpuOnGvisor(driver.RunscDriver):
             image_path,
             leave_running=leave_running,
             cuda_checkpoint_path=cuda_checkpoint_path,
+            cuda_checkpoint_sequential=cuda_checkpoint_sequential,
         )
 
     async def state(self, container_id: str) -> runsc.ContainerState:

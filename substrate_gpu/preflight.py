@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import json
+import platform
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -51,8 +52,10 @@ MANIFEST_NAME = "substrate-gpu-manifest.json"
 
 #: The manifest format; bumped on incompatible changes. Schema 1 (driver, GPU count, CUDA
 #: route only) is still read: its image's host CPU is unknown, so its restore is unchecked.
-MANIFEST_SCHEMA = 2
-_READABLE_SCHEMAS = frozenset({1, MANIFEST_SCHEMA})
+#: Schema 2 (no architecture, no runsc hash; CPU flags checked as a subset) is read too,
+#: and checked as before.
+MANIFEST_SCHEMA = 3
+_READABLE_SCHEMAS = frozenset({1, 2, MANIFEST_SCHEMA})
 
 #: The CPU's feature flags (x86 ``flags``, arm64 ``Features``).
 PROC_CPUINFO = Path("/proc/cpuinfo")
@@ -73,6 +76,7 @@ RefusalCode = Literal[
     "restore-other-driver",
     "restore-fewer-gpus",
     "restore-cpu-features",
+    "restore-other-sandbox",
 ]
 
 # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 …" (proprietary),
@@ -139,6 +143,12 @@ class CheckpointManifest:
     """The checkpointing host's CPU feature flags, sorted; None: unknown (schema 1)."""
     gpus: tuple[GpuIdentity, ...] = ()
     """The checkpointing host's GPUs (model and UUID), in device-minor order."""
+    architecture: str = ""
+    """The checkpointing host's architecture in Go's names (``amd64``, ``arm64``), as
+    agent-substrate's ``architecture`` attribute; empty: unknown (schema < 3)."""
+    runsc_sha256: str = ""
+    """The SHA-256 of the runsc binary that wrote the image (agent-substrate's
+    ``gvisor_asset_hash``); empty: unknown."""
     schema: int = MANIFEST_SCHEMA
     """The manifest format."""
 
@@ -185,6 +195,12 @@ class CheckpointManifest:
         runsc_version = payload.get("runsc_version")
         if not isinstance(runsc_version, str):
             raise bad(f"'runsc_version' must be a string, not {runsc_version!r}")
+        origin: dict[str, str] = {}
+        for name in ("architecture", "runsc_sha256") if schema >= 3 else ():
+            value = payload.get(name)
+            if not isinstance(value, str):
+                raise bad(f"'{name}' must be a string, not {value!r}")
+            origin[name] = value
         return cls(
             driver_version=version,
             gpu_count=count,
@@ -195,6 +211,8 @@ class CheckpointManifest:
                 None if (flags := payload.get("cpu_flags")) is None else _cpu_flags(flags, bad)
             ),
             gpus=_gpu_list(payload.get("gpus"), bad),
+            schema=schema,
+            **origin,
         )
 
 
@@ -330,6 +348,54 @@ def check_cpu_features(manifest: CheckpointManifest, host_flags: tuple[str, ...]
         f"the checkpoint was taken on a CPU with feature(s) this node's CPU lacks: "
         f"{', '.join(missing)}; a gVisor snapshot is tied to its host's CPU features: restore "
         "on a node whose CPU has them (same CPU model or newer) — refused before runsc ran",
+    )
+
+
+#: ``platform.machine()`` names → Go's ``runtime.GOARCH`` (agent-substrate's values).
+_GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+def host_architecture() -> str:
+    """This host's architecture as Go names it (``amd64``, ``arm64``; others as the kernel
+    does)."""
+    machine = platform.machine()
+    return _GOARCH.get(machine.lower(), machine.lower())
+
+
+def check_sandbox_compat(
+    manifest: CheckpointManifest,
+    *,
+    architecture: str,
+    cpu_flags: tuple[str, ...],
+    runsc_sha256: str,
+) -> Refusal | None:
+    """Refuse a restore as agent-substrate's ``MatchesCompat`` would: every attribute the
+    image records must equal this host's, exactly (one an older image lacks is no
+    constraint). Schema 3 compares the CPU feature set exactly too; schema 2 images keep
+    the subset check of :func:`check_cpu_features` (gVisor's own rule)."""
+    if manifest.schema < 3:
+        return check_cpu_features(manifest, cpu_flags)
+    host = {"architecture": architecture, "runsc_sha256": runsc_sha256}
+    differ = [
+        f"{name} {getattr(manifest, name)} (this node: {host[name] or 'unknown'})"
+        for name in ("architecture", "runsc_sha256")
+        if getattr(manifest, name) and getattr(manifest, name) != host[name]
+    ]
+    if manifest.cpu_flags is not None and set(manifest.cpu_flags) != set(cpu_flags):
+        missing = sorted(set(manifest.cpu_flags) - set(cpu_flags))
+        extra = sorted(set(cpu_flags) - set(manifest.cpu_flags))
+        differ.append(
+            "cpu_features differ (this node lacks: "
+            f"{', '.join(missing) or 'none'}; has beyond the image: {', '.join(extra) or 'none'})"
+        )
+    if not differ:
+        return None
+    return Refusal(
+        "restore-other-sandbox",
+        f"the checkpoint was written by another sandbox runtime: {'; '.join(differ)}; a "
+        "snapshot restores only where architecture, CPU features and the runsc build match "
+        "exactly (level CPU features across a pool with the dev.gvisor.internal.cpufeatures "
+        "annotation) — refused before runsc ran",
     )
 
 

@@ -17,6 +17,9 @@ Decisions:
   is queried and walked back (checkpointed → restore → unlock; locked → unlock). Rollback
   goes in reverse order and keeps going past a failure; processes it cannot bring back are
   reported as ``stranded`` and the outcome is ``failed`` — never silently lost.
+- **Resumed means read back as ``running``.** After a process's restore and unlock its
+  state is queried once more; anything but ``running`` (a process left ``locked`` hangs
+  its first CUDA call for ever) makes it a failed process, named with the state read.
 - Resume keeps going past a failed process too (bring back as many as possible) and names
   the ones left behind: a failed restore leaves a process ``checkpointed`` (the driver's
   behaviour), which the caller may retry.
@@ -124,6 +127,25 @@ async def _roll_back(
     )
 
 
+async def _not_running(tool: api.CudaCheckpointTool, pid: int) -> str:
+    """Why ``pid`` is not ``running`` after its restore and unlock; empty when it is.
+
+    The tool's exit status is not trusted alone: a restore can leave a process locked with
+    every call succeeding (beta9 #1918), and a locked process's first CUDA call blocks for
+    ever while its container looks healthy. Only ``--get-state`` reading ``running`` counts.
+    """
+    try:
+        state = await tool.get_state(pid)
+    except api.CudaCheckpointError as e:
+        return f"its CUDA state could not be read after the resume: {e}"
+    if state == "running":
+        return ""
+    return (
+        f"reads {state!r} from cuda-checkpoint --get-state after restore and unlock, not "
+        "'running' (its next CUDA call would block)"
+    )
+
+
 async def resume_processes(tool: api.CudaCheckpointTool, pids: Sequence[int]) -> api.ResumeOutcome:
     """Bring every process of ``pids`` back to ``running`` (restore and unlock as needed).
 
@@ -136,13 +158,21 @@ async def resume_processes(tool: api.CudaCheckpointTool, pids: Sequence[int]) ->
     reason = ""
     for pid in dict.fromkeys(pids):
         before = len(steps)
+        detail = ""
         if await _walk_back(tool, pid, steps):
-            resumed.append(pid)
-            continue
+            if len(steps) == before:  # it read 'running' and was left alone
+                resumed.append(pid)
+                continue
+            detail = await _not_running(tool, pid)
+            if not detail:
+                resumed.append(pid)
+                continue
         failed.append(pid)
         if not reason:
             errors = [s.error for s in steps[before:] if not s.ok]
-            detail = errors[0] if errors else "its CUDA state could not be read, or is 'failed'"
+            detail = detail or (
+                errors[0] if errors else "its CUDA state could not be read, or is 'failed'"
+            )
             reason = f"resume failed: pid {pid}: {detail}"
     return api.ResumeOutcome(
         resumed=tuple(resumed), failed=tuple(failed), steps=tuple(steps), reason=reason

@@ -277,10 +277,21 @@ def _write_manifest(
             runsc_version=features.version,
             cpu_flags=preflight.read_cpu_flags(),
             gpus=preflight.read_gpu_identities() if actor.gpu else (),
+            architecture=preflight.host_architecture(),
+            runsc_sha256=features.binary_sha256,
         )
         preflight.write_manifest(image, manifest)
     except preflight.PreflightError as e:
         _log.warning("checkpoint has no manifest", image=str(image), reason=str(e))
+
+
+def _gpus_held(ctx: EffectContext, actor: ActorView) -> int:
+    """How many GPUs the actor's sandbox holds: its grant, else all of the worker's."""
+    granted = _granted(actor)
+    if granted is not None:
+        return len(granted)
+    facts = ctx.gpu.host_facts() if ctx.gpu is not None else None
+    return facts.gpu_count if isinstance(facts, preflight.HostGpuFacts) else 0
 
 
 async def _features_of(runtime: runsc.SandboxRuntime, container_id: str) -> runsc.RunscFeatures:
@@ -303,7 +314,15 @@ async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) 
     image = ctx.checkpoint_root / actor_id / str(event.seq)
     try:
         await ctx.runtime.checkpoint(
-            actor_id, image, leave_running=features.leave_running, cuda_checkpoint_path=cuda_path
+            actor_id,
+            image,
+            leave_running=features.leave_running,
+            cuda_checkpoint_path=cuda_path,
+            cuda_checkpoint_sequential=(
+                cuda_path is not None
+                and features.cuda_checkpoint_sequential
+                and _gpus_held(ctx, actor) > 1
+            ),
         )
     except runsc.LiveNvproxyClientsError as e:
         return events.CheckpointRefused(
@@ -340,7 +359,9 @@ async def restore(ctx: EffectContext, actor: ActorView, event: events.Event) -> 
         return events.RestoreFailed(actor_id=actor_id, message="no checkpoint to restore from")
     if actor.sandbox:
         await _delete_quietly(ctx, actor_id)
-    cpu_refusal = _check_cpu_features(actor_id, Path(image))
+    cpu_refusal = _check_cpu_features(
+        actor_id, Path(image), await _features_of(ctx.runtime, actor_id)
+    )
     if cpu_refusal is not None:
         return cpu_refusal
     cuda_route = ""
@@ -367,13 +388,20 @@ async def restore(ctx: EffectContext, actor: ActorView, event: events.Event) -> 
     )
 
 
-def _check_cpu_features(actor_id: str, image: Path) -> events.Event | None:
-    """Refuse, before runsc runs, an image whose host CPU had features this one lacks."""
+def _check_cpu_features(
+    actor_id: str, image: Path, features: runsc.RunscFeatures
+) -> events.Event | None:
+    """Refuse, before runsc runs, an image of another architecture, CPU or runsc build."""
     try:
         manifest = preflight.read_manifest(image)
         if manifest is None:
             return None
-        refusal = preflight.check_cpu_features(manifest, preflight.read_cpu_flags())
+        refusal = preflight.check_sandbox_compat(
+            manifest,
+            architecture=preflight.host_architecture(),
+            cpu_flags=preflight.read_cpu_flags(),
+            runsc_sha256=features.binary_sha256,
+        )
     except preflight.PreflightError as e:
         return events.RestoreFailed(
             actor_id=actor_id, message=f"while checking the node before restore: {_message(e)}"

@@ -104,6 +104,7 @@ CHECKPOINT_REFUSAL_REASONS: Final[frozenset[str]] = frozenset(
         "restore-other-driver",
         "restore-fewer-gpus",
         "restore-cpu-features",
+        "restore-other-sandbox",
     }
 )
 """Why the agent refused to checkpoint an actor (before calling runsc)."""

@@ -47,6 +47,12 @@ class RunscFeatures:
     """The global ``--nvproxy-driver-version`` flag exists."""
     list_supported_drivers: bool
     """``runsc nvproxy list-supported-drivers`` exists."""
+    cuda_checkpoint_sequential: bool = False
+    """``checkpoint --cuda-checkpoint-sequential`` exists: runsc runs cuda-checkpoint on one
+    process at a time instead of all in parallel (multi-GPU jobs need it)."""
+    binary_sha256: str = ""
+    """The SHA-256 of the runsc binary (a snapshot is tied to the build that wrote it);
+    empty when the binary cannot be read."""
 
 
 class RunscError(exceptions.ExternalCommandError):
@@ -122,8 +128,10 @@ class SandboxRuntime(Protocol):
         *,
         leave_running: bool,
         cuda_checkpoint_path: Path | None = None,
+        cuda_checkpoint_sequential: bool = False,
     ) -> None:
-        """``runsc --root R checkpoint --image-path DIR [--leave-running] ID``."""
+        """``runsc --root R checkpoint --image-path DIR [--leave-running]
+        [--cuda-checkpoint-path P [--cuda-checkpoint-sequential]] ID``."""
         ...
 
     async def restore(

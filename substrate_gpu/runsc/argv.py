@@ -78,14 +78,26 @@ def checkpoint(
     image_path: Path,
     leave_running: bool,
     cuda_checkpoint_path: Path | None = None,
+    cuda_checkpoint_sequential: bool = False,
 ) -> tuple[str, ...]:
     """``runsc --root R checkpoint --image-path DIR [--leave-running]
-    [--cuda-checkpoint-path P] ID``."""
+    [--cuda-checkpoint-path P [--cuda-checkpoint-sequential]] ID``.
+
+    ``--cuda-checkpoint-sequential`` only means something with a cuda-checkpoint path (it
+    orders runsc's cuda-checkpoint calls), so it is refused without one.
+    """
+    if cuda_checkpoint_sequential and cuda_checkpoint_path is None:
+        raise ValueError(
+            f"checkpoint of {container_id}: --cuda-checkpoint-sequential needs "
+            "--cuda-checkpoint-path"
+        )
     argv = [*_prefix(inv), "checkpoint", "--image-path", str(image_path)]
     if leave_running:
         argv.append("--leave-running")
     if cuda_checkpoint_path is not None:
         argv += ["--cuda-checkpoint-path", str(cuda_checkpoint_path)]
+    if cuda_checkpoint_sequential:
+        argv.append("--cuda-checkpoint-sequential")
     return (*argv, container_id)
 
 

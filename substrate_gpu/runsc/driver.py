@@ -18,8 +18,10 @@ A thin effectful shell around :mod:`substrate_gpu.runsc.argv` (what to run) and
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +29,7 @@ from typing import cast, get_args
 
 import anyio
 
-from substrate_gpu import _process, exceptions
+from substrate_gpu import _blocking, _process, exceptions
 from substrate_gpu.runsc import api, argv, errors
 from substrate_gpu.runsc import argv as _command_lines  # ``exec``'s parameter shadows ``argv``
 
@@ -156,6 +158,20 @@ def has_command(help_text: str, command: str) -> bool:
     return re.search(rf"(?m)^\s+{re.escape(command)}\b", help_text) is not None
 
 
+def binary_sha256(runsc: str) -> str:
+    """The SHA-256 of the ``runsc`` executable (a path, or a name on PATH); empty when it
+    cannot be read (a missing binary fails its ``--version`` first, with its own message)."""
+    path = shutil.which(runsc) or runsc
+    digest = hashlib.sha256()
+    try:
+        with Path(path).open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return ""
+    return digest.hexdigest()
+
+
 class RunscDriver:
     """:class:`~substrate_gpu.runsc.api.SandboxRuntime` over the runsc binary."""
 
@@ -207,6 +223,10 @@ class RunscDriver:
             cuda_checkpoint_path=has_flag(checkpoint_help, "cuda-checkpoint-path"),
             nvproxy_driver_version=has_flag(flags_help, "nvproxy-driver-version"),
             list_supported_drivers=has_command(commands_help, "nvproxy"),
+            cuda_checkpoint_sequential=has_flag(checkpoint_help, "cuda-checkpoint-sequential"),
+            binary_sha256=await _blocking.run_abandonable(
+                lambda: binary_sha256(self.config.runsc), name="runsc-sha256"
+            ),
         )
 
     async def _help_text(self, args: tuple[str, ...]) -> str:
@@ -280,8 +300,10 @@ class RunscDriver:
         *,
         leave_running: bool,
         cuda_checkpoint_path: Path | None = None,
+        cuda_checkpoint_sequential: bool = False,
     ) -> None:
-        """``runsc --root R checkpoint --image-path DIR [--leave-running] ID``.
+        """``runsc --root R checkpoint --image-path DIR [--leave-running] ID``
+        (``--cuda-checkpoint-path P [--cuda-checkpoint-sequential]`` on the runsc route).
 
         Without ``leave_running`` a *successful* checkpoint stops the sandbox (it stays
         ``stopped`` until deleted), and so does a *failed* one. Use a fresh ``image_path``
@@ -294,6 +316,7 @@ class RunscDriver:
                 image_path=image_path,
                 leave_running=leave_running,
                 cuda_checkpoint_path=cuda_checkpoint_path,
+                cuda_checkpoint_sequential=cuda_checkpoint_sequential,
             ),
             timeout=self.config.timeouts.checkpoint,
             doing=f"checkpointing container {container_id}",

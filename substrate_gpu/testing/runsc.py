@@ -100,6 +100,8 @@ if "leave-running" in FEATURES:
     COMMAND_FLAGS["checkpoint"]["leave-running"] = False
 if "cuda-checkpoint-path" in FEATURES:
     COMMAND_FLAGS["checkpoint"]["cuda-checkpoint-path"] = True
+if "cuda-checkpoint-sequential" in FEATURES:
+    COMMAND_FLAGS["checkpoint"]["cuda-checkpoint-sequential"] = False
 
 USAGES = {
     "create": "create [flags] <container id> - create a secure container",
@@ -118,6 +120,7 @@ FLAG_HELP = {
     "image-path": "directory path to saved container image",
     "leave-running": "restart the container after checkpointing",
     "cuda-checkpoint-path": "path to cuda-checkpoint binary; if set, CUDA state is saved",
+    "cuda-checkpoint-sequential": "run cuda-checkpoint sequentially instead of in parallel",
     "detach": "detach from the container's process",
     "force": "destroy container forcefully, if running",
     "format": "output format: table or json",
@@ -382,6 +385,7 @@ def cmd_checkpoint(root: str, flags: dict[str, str], rest: list[str]) -> None:
             "bundle": state.get("bundle"),
             "status": status,
             "cuda_checkpoint_path": cuda_tool,
+            "cuda_checkpoint_sequential": flags.get("cuda-checkpoint-sequential") == "true",
             "cuda_pids": cuda_pids,
         }
         f.write(json.dumps(record) + "\n")

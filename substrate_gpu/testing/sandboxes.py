@@ -98,6 +98,7 @@ class SimulatedSandboxes:
         *,
         leave_running: bool,
         cuda_checkpoint_path: Path | None = None,
+        cuda_checkpoint_sequential: bool = False,
     ) -> None:
         sandbox = self._get(container_id)
         if sandbox.status not in ("created", "running", "paused"):

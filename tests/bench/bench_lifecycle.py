@@ -57,6 +57,7 @@ class _MemoryRuntime(FakeRuntime):
         *,
         leave_running: bool,
         cuda_checkpoint_path: Path | None = None,
+        cuda_checkpoint_sequential: bool = False,
     ) -> None:
         await self._enter("checkpoint", ("runsc", "checkpoint", container_id))
         image_path.mkdir(parents=True, exist_ok=True)

@@ -145,6 +145,35 @@ async def test_resume_of_a_process_in_failed_state_is_reported() -> None:
 
 
 @dataclass
+class StaysLocked(FakeTool):
+    """Unlock of ``stuck`` succeeds and changes nothing (beta9 #1918)."""
+
+    stuck: int = 0
+
+    async def unlock(self, pid: int) -> None:
+        if pid == self.stuck:
+            self.calls.append(("unlock", pid))
+            return
+        await self._act("unlock", pid)
+
+
+async def test_a_process_left_locked_by_a_successful_unlock_fails_the_resume() -> None:
+    """Every call succeeded, but pid 7 reads 'locked': it is failed, named with its state."""
+    tool = StaysLocked({1: "checkpointed", 7: "checkpointed"}, stuck=7)
+    outcome = await suspend.resume_processes(tool, [1, 7])
+    assert (outcome.resumed, outcome.failed) == ((1,), (7,))
+    assert outcome.reason.startswith("resume failed: pid 7: reads 'locked'")
+    assert tool.calls[-1] == ("get-state", 7)
+
+
+async def test_a_process_already_running_is_not_queried_twice() -> None:
+    """A process read as 'running' needs nothing and no second query."""
+    tool = FakeTool(running(4))
+    outcome = await suspend.resume_processes(tool, [4])
+    assert outcome.ok and tool.calls == [("get-state", 4)]
+
+
+@dataclass
 class KilledMidLock(FakeTool):
     """The exec of pid 7's lock outlives our timeout: the lock happened, the answer never came."""
 

@@ -112,6 +112,7 @@ class DiskRuntime:
         *,
         leave_running: bool,
         cuda_checkpoint_path: Path | None = None,
+        cuda_checkpoint_sequential: bool = False,
     ) -> None:
         await self._work()
         c = self._get(container_id)

@@ -346,3 +346,59 @@ async def test_a_restore_onto_a_mismatched_node_is_refused_and_the_checkpoint_ke
         await agent.submit(events.RestoreRequested(actor_id=A))
         await agent.wait_for_state(A, "running", timeout=WAIT)
     assert seen.refusals == [code]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "features", "sequential"),
+    [
+        pytest.param(2, ("cuda-checkpoint-sequential",), True, id="two-gpus"),
+        pytest.param(1, ("cuda-checkpoint-sequential",), False, id="one-gpu"),
+        pytest.param(2, (), False, id="runsc-without-the-flag"),
+    ],
+)
+async def test_a_multi_gpu_runsc_route_checkpoint_runs_cuda_checkpoint_sequentially(
+    world: World, gpus: int, features: tuple[str, ...], sequential: bool
+) -> None:
+    """--cuda-checkpoint-sequential exactly when runsc has it and the actor holds more than
+    one GPU (runsc's parallel cuda-checkpoint calls are what multi-GPU jobs cannot take)."""
+    world.set_features("leave-running", "cuda-checkpoint-path", "nvproxy-list", *features)
+    for index in range(1, gpus):
+        (world.node / "dev" / f"nvidia{index}").touch()
+    seen = Seen()
+    bundle, _ = world.bundle("sequential", tool_inside=False)
+    async with scenario(world, seen) as agent:
+        await start_actor(agent, world, bundle)
+        await agent.submit(events.SuspendRequested(actor_id=A))
+        await agent.wait_for_state(A, "suspended", timeout=WAIT)
+    (command,) = world.checkpoint_commands()
+    assert ("--cuda-checkpoint-sequential" in command) is sequential
+    assert "--cuda-checkpoint-path" in command
+
+
+async def test_a_restore_that_leaves_a_process_locked_fails_the_actor_naming_it(
+    world: World,
+) -> None:
+    """Exec route: after the restore every unlock 'succeeds', but pid 1 still reads
+    'locked' (its first CUDA call would hang while the container looks running): the actor
+    is failed, with the pid and the state read, never 'running'."""
+    world.set_features("leave-running", "nvproxy-list")
+    seen = Seen()
+    bundle, tool_state = world.bundle(
+        "left-locked", knobs={"CUDA_CHECKPOINT_STANDIN_UNLOCK_STUCK_PIDS": "1"}
+    )
+    async with await EventLog.open(world.event_log) as log:
+        agent = world.agent(log, seen)
+        async with agent:
+            await start_actor(agent, world, bundle)
+            await agent.submit(events.SuspendRequested(actor_id=A))
+            await agent.wait_for_state(A, "suspended", timeout=WAIT)
+            # The restored process comes back locked (the stand-in restores afresh).
+            (tool_state / "new-process-state").write_text("locked\n")
+            await agent.submit(events.RestoreRequested(actor_id=A))
+            await agent.wait_for_state(A, "failed", timeout=WAIT)
+            view = view_of(agent)
+            await agent.settle()
+    assert seen.path()[-3:] == ["restoring", "cuda_resuming", "failed"]
+    assert "pid 1" in view.reason and "reads 'locked'" in view.reason
+    assert await cuda_state(world) == "locked"
+    assert replay(world.event_log).actors[A] == view

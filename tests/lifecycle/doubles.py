@@ -107,6 +107,7 @@ class FakeRuntime:
         *,
         leave_running: bool,
         cuda_checkpoint_path: Path | None = None,
+        cuda_checkpoint_sequential: bool = False,
     ) -> None:
         argv = (
             "runsc",

@@ -4,6 +4,7 @@ and the refusal to restore onto a CPU lacking a feature the image's host had (ag
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -125,3 +126,64 @@ def test_an_image_of_unknown_cpu_is_not_checked() -> None:
     """A schema-1 manifest (cpu_flags None) is not held against the host."""
     old = preflight.CheckpointManifest("580.65.06", 1, cuda_state_included=False, schema=1)
     assert preflight.check_cpu_features(old, ()) is None
+
+
+SCHEMA_3 = dataclasses.replace(CPU_MANIFEST, architecture="amd64", runsc_sha256="ab" * 32)
+HOST = {"architecture": "amd64", "cpu_flags": ("avx2", "fpu", "sse4_2"), "runsc_sha256": "ab" * 32}
+
+
+def test_a_schema_3_manifest_round_trips_with_architecture_and_runsc_hash() -> None:
+    """Architecture and the runsc binary's hash survive JSON."""
+    assert preflight.CheckpointManifest.from_json(SCHEMA_3.to_json()) == SCHEMA_3
+
+
+def test_a_schema_2_manifest_still_reads_and_keeps_the_subset_cpu_check() -> None:
+    """Migration: a schema-2 image (no architecture, no hash) reads back and restores on a
+    CPU with more features, as before (only a missing feature refuses it)."""
+    raw = json.loads(CPU_MANIFEST.to_json())
+    for name in ("architecture", "runsc_sha256"):
+        del raw[name]
+    old = preflight.CheckpointManifest.from_json(json.dumps({**raw, "schema": 2}))
+    assert (old.schema, old.architecture, old.runsc_sha256) == (2, "", "")
+    wider = {**HOST, "cpu_flags": ("avx2", "avx512f", "fpu", "sse4_2"), "runsc_sha256": "cd"}
+    assert preflight.check_sandbox_compat(old, **wider) is None
+    narrower = {**HOST, "cpu_flags": ("fpu",)}
+    refusal = preflight.check_sandbox_compat(old, **narrower)
+    assert refusal is not None and refusal.code == "restore-cpu-features"
+
+
+@pytest.mark.parametrize(
+    ("host", "named"),
+    [
+        # Each attribute the image records must equal the host's (MatchesCompat).
+        pytest.param({"architecture": "arm64"}, "architecture amd64", id="architecture"),
+        pytest.param({"runsc_sha256": "cd" * 32}, "runsc_sha256 abab", id="runsc-build"),
+        pytest.param({"cpu_flags": ("fpu", "sse4_2")}, "lacks: avx2", id="fewer-cpu-features"),
+        # Exact, not a subset: a newer CPU is another sandbox too (level with the annotation).
+        pytest.param(
+            {"cpu_flags": ("avx2", "avx512f", "fpu", "sse4_2")},
+            "beyond the image: avx512f",
+            id="more-cpu-features",
+        ),
+    ],
+)  # fmt: skip
+def test_a_schema_3_image_restores_only_on_an_exactly_matching_sandbox(
+    host: dict[str, object], named: str
+) -> None:
+    """Architecture, CPU features and runsc hash are matched exactly; the refusal names the
+    attribute that differs."""
+    assert preflight.check_sandbox_compat(SCHEMA_3, **HOST) is None  # type: ignore[arg-type]
+    refusal = preflight.check_sandbox_compat(SCHEMA_3, **{**HOST, **host})  # type: ignore[arg-type]
+    assert refusal is not None and refusal.code == "restore-other-sandbox"
+    assert named in refusal.reason
+
+
+def test_an_attribute_the_image_lacks_is_no_constraint() -> None:
+    """As in MatchesCompat, only the image's own attributes constrain the host."""
+    unhashed = dataclasses.replace(SCHEMA_3, runsc_sha256="")
+    assert preflight.check_sandbox_compat(unhashed, **{**HOST, "runsc_sha256": ""}) is None  # type: ignore[arg-type]
+
+
+def test_this_hosts_architecture_has_gos_name() -> None:
+    """x86_64 is amd64, aarch64 is arm64: the values agent-substrate's workers report."""
+    assert preflight.host_architecture() in {"amd64", "arm64"}

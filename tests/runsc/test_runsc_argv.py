@@ -48,6 +48,20 @@ CASES = [
         "--cuda-checkpoint-path /opt/cc/cuda-checkpoint a1",
         id="checkpoint-cuda-checkpoint",
     ),
+    # A multi-GPU actor on a runsc that has it: cuda-checkpoint one process at a time.
+    pytest.param(
+        argv.checkpoint(
+            INV,
+            "a1",
+            image_path=D,
+            leave_running=True,
+            cuda_checkpoint_path=Path("/opt/cc/cuda-checkpoint"),
+            cuda_checkpoint_sequential=True,
+        ),
+        "runsc --root /run/runsc checkpoint --image-path /img/a1 --leave-running "
+        "--cuda-checkpoint-path /opt/cc/cuda-checkpoint --cuda-checkpoint-sequential a1",
+        id="checkpoint-cuda-checkpoint-sequential",
+    ),
     # --detach always: without it restore blocks until the container exits.
     pytest.param(
         argv.restore(INV, "a1", bundle=B, image_path=D, nvproxy=True),
@@ -149,3 +163,11 @@ def test_extra_global_flags_come_before_the_subcommand(
 def test_nvproxy_never_on_commands_for_an_existing_sandbox(built: tuple[str, ...]) -> None:
     """start/checkpoint/state/kill/delete never carry --nvproxy or its companion flags."""
     assert not any(a.startswith("--nvproxy") for a in built)
+
+
+def test_sequential_cuda_checkpoint_needs_a_cuda_checkpoint_path() -> None:
+    """--cuda-checkpoint-sequential orders runsc's cuda-checkpoint calls: alone it is refused."""
+    with pytest.raises(ValueError, match="--cuda-checkpoint-sequential needs"):
+        argv.checkpoint(
+            INV, "a1", image_path=D, leave_running=True, cuda_checkpoint_sequential=True
+        )

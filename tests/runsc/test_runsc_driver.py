@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import time
@@ -59,6 +60,39 @@ async def test_features_are_detected_from_runsc_itself(
         features.list_supported_drivers,
         features.nvproxy_driver_version,
     ) == expected
+
+
+@pytest.mark.parametrize(
+    ("features_env", "expected"),
+    [
+        pytest.param("leave-running,cuda-checkpoint-path", False, id="without"),
+        pytest.param(
+            "leave-running,cuda-checkpoint-path,cuda-checkpoint-sequential", True, id="with"
+        ),
+    ],
+)
+async def test_sequential_cuda_checkpoint_is_detected_from_help_checkpoint(
+    make_driver: MakeDriver,
+    monkeypatch: pytest.MonkeyPatch,
+    features_env: str,
+    expected: bool,
+) -> None:
+    """``checkpoint --cuda-checkpoint-sequential`` is used only where ``runsc help
+    checkpoint`` lists it."""
+    monkeypatch.setenv("RUNSC_STANDIN_FEATURES", features_env)
+    assert (await make_driver().features()).cuda_checkpoint_sequential is expected
+
+
+async def test_features_carry_the_sha256_of_the_runsc_binary(make_driver: MakeDriver) -> None:
+    """The hash a checkpoint manifest records is the runsc executable's own."""
+    runtime = make_driver()
+    want = hashlib.sha256(Path(runtime.config.runsc).read_bytes()).hexdigest()
+    assert (await runtime.features()).binary_sha256 == want
+
+
+def test_an_unreadable_runsc_binary_has_no_hash(tmp_path: Path) -> None:
+    """A runsc that cannot be read hashes to empty (its --version fails first, typed)."""
+    assert driver.binary_sha256(str(tmp_path / "no-runsc")) == ""
 
 
 async def test_version_is_the_first_line_of_runsc_version(

@@ -48,6 +48,7 @@ class SandboxKillingRuntime(FakeRuntime):
         *,
         leave_running: bool,
         cuda_checkpoint_path: Path | None = None,
+        cuda_checkpoint_sequential: bool = False,
     ) -> None:
         if "checkpoint" in self.fail and not leave_running and container_id in self.containers:
             self._stop(container_id)
