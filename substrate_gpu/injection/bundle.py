@@ -34,7 +34,7 @@ from substrate_gpu import _atomic, exceptions
 from substrate_gpu.injection import devices as devices_
 from substrate_gpu.injection import hooks as hooks_
 from substrate_gpu.injection import oci, toolkit
-from substrate_gpu.rootfs import host_watch, staging
+from substrate_gpu.rootfs import staging
 
 if TYPE_CHECKING:
     from substrate_gpu.cdi import model
@@ -94,9 +94,6 @@ class _Resolution:
     dev_root: Path
     fingerprint: tuple[object, ...]
     resolved: _Devices
-    watch: host_watch.HostWatch | None
-    token: int | None
-    """The watch's token, armed before the stats (``None``: the nodes are not watched)."""
 
 
 class PlanCache:
@@ -107,17 +104,11 @@ class PlanCache:
     immutable; the agent keeps one edits object per requested device set), the rest by
     value; only the last device set is kept (more bought nothing a user sees: a plan costs
     well under a millisecond next to the ~300 ms of ``runsc create``; docs/gpu-injection.md).
-    The resolution of the device nodes is reused while the host watch says none of the host
-    nodes changed since they were last stat-ed, or, where the nodes cannot be watched, while
-    they stat the same. Safe to share between threads: each entry is replaced as one object.
-
-    ``watch``: as for :class:`~substrate_gpu.rootfs.sonames.SonameCache`.
+    The resolution of the device nodes is reused while they stat the same (one ``stat``
+    a node). Safe to share between threads: each entry is replaced as one object.
     """
 
-    def __init__(
-        self, *, watch: host_watch.HostWatch | Literal["shared"] | None = "shared"
-    ) -> None:
-        self._watch = watch
+    def __init__(self) -> None:
         # The last (edits, key, plan) and the last device resolution.
         self._plan: tuple[model.ContainerEdits, tuple[object, ...], oci.InjectionPlan] | None
         self._plan = None
@@ -135,31 +126,19 @@ class PlanCache:
     def resolve(
         self, edits: model.ContainerEdits, dev_root: Path
     ) -> tuple[devices_.ResolvedDevice, ...]:
-        """:func:`devices.resolve_device_numbers` for ``edits``' nodes, reused while the
-        watch vouches for the host nodes, else while every node stat-s the same (type and
-        numbers: all the resolution reads)."""
-        watch = host_watch.shared() if self._watch == "shared" else self._watch
+        """:func:`devices.resolve_device_numbers` for ``edits``' nodes, reused while every
+        node stat-s the same (type and numbers: all the resolution reads)."""
         last = self._resolution
-        same = last is not None and last.edits is edits and last.dev_root == dev_root
+        fingerprint = devices_.host_fingerprint(edits.device_nodes, dev_root=dev_root)
         if (
-            same
-            and last is not None
-            and last.token is not None
-            and watch is not None
-            and last.watch is watch
-            and watch.unchanged(last.token)
+            last is not None
+            and last.edits is edits
+            and last.dev_root == dev_root
+            and fingerprint == last.fingerprint
         ):
             return last.resolved
-        # Watch the nodes from the second resolution on (a later actor): the first actor
-        # of a worker pays no watch it may never use. Armed before the stats below.
-        paths = devices_.host_paths(edits.device_nodes, dev_root=dev_root)
-        token = watch.arm(paths) if same and watch is not None else None
-        fingerprint = devices_.host_fingerprint(edits.device_nodes, dev_root=dev_root)
-        if same and last is not None and fingerprint == last.fingerprint:
-            resolved = last.resolved
-        else:
-            resolved = devices_.resolve_device_numbers(edits.device_nodes, dev_root=dev_root)
-        self._resolution = _Resolution(edits, dev_root, fingerprint, resolved, watch, token)
+        resolved = devices_.resolve_device_numbers(edits.device_nodes, dev_root=dev_root)
+        self._resolution = _Resolution(edits, dev_root, fingerprint, resolved)
         return resolved
 
     def plan(
