@@ -29,7 +29,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "start), and serve Prometheus metrics. See docs/agent.md."
         ),
     )
-    parser.set_defaults(handler=run, default_log_level="INFO", usage_error=parser.error)
+    parser.set_defaults(
+        handler=run, default_log_level="INFO", logs="at start", usage_error=parser.error
+    )
     _deferred.defer_arguments(parser, _add_arguments)
 
 

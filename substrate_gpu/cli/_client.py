@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     actors = what.add_parser("actors", help="every actor (optionally: in one state)")
     actors.add_argument("--state", help="only the actors in this state")
     what.add_parser("-", help="send JSON lines from stdin (events or queries), in order")
-    parser.set_defaults(handler=run, logs=False)  # see cli.main
+    parser.set_defaults(handler=run, logs="never")  # see cli.main
 
 
 def run(args: argparse.Namespace) -> int:

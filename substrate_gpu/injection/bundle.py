@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
 
 import msgspec
-import structlog
 
 from substrate_gpu import _atomic, exceptions
+from substrate_gpu._log import get_logger
 from substrate_gpu.injection import devices as devices_
-from substrate_gpu.injection import hooks as hooks_
 from substrate_gpu.injection import oci, toolkit
 from substrate_gpu.rootfs import staging
 
@@ -40,7 +39,7 @@ if TYPE_CHECKING:
     from substrate_gpu.cdi import model
     from substrate_gpu.rootfs.sonames import SonameCache
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder()
@@ -116,11 +115,11 @@ class PlanCache:
         self._hook_binaries: dict[Path, str] = {}
 
     def hook_binary(self, toolkit_dir: Path) -> str:
-        """:func:`hook_binary`, chosen once per worker like its spec (which nvidia-ctk of
-        the same mounted toolkit generated once)."""
+        """:func:`~substrate_gpu.injection.toolkit.hook_binary`, chosen once per worker
+        like its spec (which nvidia-ctk of the same mounted toolkit generated once)."""
         chosen = self._hook_binaries.get(toolkit_dir)
         if chosen is None:
-            chosen = self._hook_binaries[toolkit_dir] = hook_binary(toolkit_dir)
+            chosen = self._hook_binaries[toolkit_dir] = toolkit.hook_binary(toolkit_dir)
         return chosen
 
     def resolve(
@@ -157,12 +156,6 @@ class PlanCache:
         plan = oci.plan_injection(edits, resolved, driver_root=driver_root, hook_binary=hook_binary)
         self._plan = (edits, key, plan)
         return plan
-
-
-def hook_binary(toolkit_dir: Path) -> str:
-    """The toolkit's ``nvidia-cdi-hook``, preferring ``nvidia-cdi-hook.real`` (the plain
-    name is often a shell wrapper that needs tools the sandbox host side lacks)."""
-    return str(toolkit.toolkit_binary(toolkit_dir, hooks_.HOOK_BINARY_NAME))
 
 
 def read_config(bundle: Path) -> oci.OciConfig:

@@ -14,9 +14,11 @@ headers, so the cold path reads exactly what ``ld.so`` reads:
 Every field is decoded with pyelftools' own structure definitions (:class:`ELFStructs`), so
 32/64-bit and both byte orders come for free; the section header table is never touched.
 
-Corrupt input never raises: pyelftools and ``struct`` raise ``ELFError``, construct errors,
-``OverflowError``, ``AssertionError``, ``struct.error`` or ``ValueError`` on hostile bytes,
-and all of them (with ``OSError``) become a :class:`SonameUnreadable` with a reason.
+pyelftools' definitions are compiled once into ``struct`` layouts (imported then: an
+``inject`` that mounts no library never loads pyelftools), so only ``struct`` and our own
+checks touch the bytes. Corrupt input never raises: ``struct.error``, ``OverflowError``,
+``ValueError`` and the like on hostile bytes (with ``OSError``) become a
+:class:`SonameUnreadable` with a reason.
 
 :class:`SonameCache` keys results by the file's identity and version (device, inode, size,
 mtime, ctime), so a later lookup pays one ``stat`` per library and nothing else (~40 of them
@@ -36,11 +38,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypeAlias
+from typing import TYPE_CHECKING, BinaryIO, TypeAlias
 
-from elftools.common.exceptions import ELFError
-from elftools.construct.core import ConstructError, FormatField, Struct, Value
-from elftools.elf.structs import ELFStructs
+if TYPE_CHECKING:
+    from elftools.construct.core import Struct
 
 _ELF_MAGIC = b"\x7fELF"
 _PT_LOAD = 1
@@ -86,11 +87,10 @@ class SonameUnreadable:
 SonameResult: TypeAlias = SonameFound | SonameAbsent | SonameUnreadable
 """The outcome of reading one file's SONAME; never an exception."""
 
-#: What pyelftools, construct and struct raise on corrupt input (brief §8). OSError is
-#: handled apart: an I/O error says nothing about the file's content, so it is not cached.
+#: What decoding raises on corrupt input (brief §8): struct and our own indexing; pyelftools
+#: never sees the bytes. OSError is handled apart: an I/O error says nothing about the
+#: file's content, so it is not cached.
 _CORRUPT_INPUT_ERRORS: tuple[type[Exception], ...] = (
-    ELFError,
-    ConstructError,
     OverflowError,
     AssertionError,
     struct.error,
@@ -126,6 +126,8 @@ class _Layout:
 
 
 def _compile(definition: Struct, little_endian: bool) -> _Layout:
+    from elftools.construct.core import FormatField, Value  # noqa: PLC0415  (module doc)
+
     names: list[str] = []
     formats: list[str] = []
     for field in definition.subcons:
@@ -152,6 +154,8 @@ class _Layouts:
 @functools.lru_cache(maxsize=4)
 def _layouts(little_endian: bool, elfclass: int) -> _Layouts:
     """The records we decode, for one ELF class and byte order (built once each)."""
+    from elftools.elf.structs import ELFStructs  # noqa: PLC0415  (module doc)
+
     structs = ELFStructs(little_endian=little_endian, elfclass=elfclass)
     structs.create_basic_structs()
     structs.create_advanced_structs()
