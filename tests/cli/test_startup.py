@@ -139,7 +139,8 @@ def small_log(tmp_path: Path) -> Path:
 
 
 def test_cdi_show_loads_neither_the_agent_nor_the_injector(spec_file: Path) -> None:
-    """``cdi show`` parses and plans: no lifecycle, event log, service, logging, bundle I/O."""
+    """``cdi show`` of a JSON spec parses and plans: no lifecycle, event log, service,
+    logging, bundle I/O or YAML."""
     loaded = _loaded_after(_run_quietly(["cdi", "show", str(spec_file)]))
     unwanted = (
         *AGENT_ONLY,
@@ -149,6 +150,7 @@ def test_cdi_show_loads_neither_the_agent_nor_the_injector(spec_file: Path) -> N
         "substrate_gpu.rootfs",
         "msgspec",
         "elftools",
+        "yaml",  # the spec is JSON
     )
     assert sorted(m for m in unwanted if m in loaded) == []
 
@@ -156,10 +158,17 @@ def test_cdi_show_loads_neither_the_agent_nor_the_injector(spec_file: Path) -> N
 def test_inject_loads_no_agent_and_no_logging_when_it_logs_nothing(
     spec_file: Path, bundle: Path
 ) -> None:
-    """``inject`` at the default level logs nothing, so structlog is never imported."""
+    """``inject`` at the default level logs nothing, so structlog is never imported; a JSON
+    spec without libraries needs neither PyYAML nor pyelftools."""
     argv = ["inject", "--bundle", str(bundle), "--cdi-spec", str(spec_file)]
     loaded = _loaded_after(_run_quietly(argv))
-    unwanted = (*AGENT_ONLY, "substrate_gpu.lifecycle", "substrate_gpu.eventlog", "elftools")
+    unwanted = (
+        *AGENT_ONLY,
+        "substrate_gpu.lifecycle",
+        "substrate_gpu.eventlog",
+        "elftools",
+        "yaml",
+    )
     assert sorted(m for m in unwanted if m in loaded) == []
     assert "substrate_gpu.injection.bundle" in loaded  # it did inject
 
