@@ -139,13 +139,16 @@ async def _generated_spec(args: argparse.Namespace) -> model.Spec:
 
 def run_inject(args: argparse.Namespace) -> int:
     """Handler of ``inject``."""
-    import anyio  # noqa: PLC0415
-
     from substrate_gpu import cdi  # noqa: PLC0415
     from substrate_gpu.injection import bundle as bundle_  # noqa: PLC0415
     from substrate_gpu.rootfs import SonameCache  # noqa: PLC0415
 
-    spec = anyio.run(_generated_spec, args) if args.generate else _load_spec(args.cdi_spec, args)
+    if args.generate:
+        import anyio  # noqa: PLC0415
+
+        spec = anyio.run(_generated_spec, args)
+    else:
+        spec = _load_spec(args.cdi_spec, args)
     options = bundle_.InjectionOptions(
         driver_root=args.driver_root, dev_root=args.dev_root, toolkit_dir=args.toolkit_dir
     )

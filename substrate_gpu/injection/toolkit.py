@@ -28,9 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-import anyio
-
-from substrate_gpu import _defaults, _process, exceptions
+from substrate_gpu import _defaults, exceptions
 from substrate_gpu import cdi as cdi_
 from substrate_gpu._log import get_logger
 from substrate_gpu.injection import hooks as hooks_
@@ -161,6 +159,10 @@ class CdiSpecGenerator:
     """Generates and caches this worker's CDI spec; safe to share between actors."""
 
     def __init__(self, config: ToolkitConfig, *, metrics: GenerationMetrics | None = None) -> None:
+        # anyio and the process runner only here: `inject` and `cdi show` use this module's
+        # paths and never generate (~15 ms of their start).
+        import anyio  # noqa: PLC0415
+
         self.config = config
         self.metrics = metrics
         self._lock = anyio.Lock()
@@ -204,6 +206,8 @@ class CdiSpecGenerator:
         tmp = config.output_dir / f".{SPEC_FILE_NAME}.{os.getpid()}.tmp"
         argv = generate_argv(config, tmp)
         log.info("cdi_spec_generating", argv=argv)
+        from substrate_gpu import _process  # noqa: PLC0415  (see __init__)
+
         try:
             await _process.run_command(
                 argv,

@@ -16,10 +16,10 @@ from eventlog import logs
 #: What the agent, controller and demo need, and no everyday command.
 AGENT_STACK = ("prometheus_client", "anyio", "substrate_gpu.lifecycle", "kopf")
 
-#: The agent's own layers and libraries, which no one-shot command loads (anyio aside:
-#: ``inject`` and ``cdi show`` reach the toolkit module, which runs nvidia-ctk with it).
+#: The agent's own layers and libraries, which no one-shot command loads.
 AGENT_ONLY = (
     "prometheus_client",
+    "anyio",
     "kopf",
     "structlog",
     "substrate_gpu.service",
@@ -176,7 +176,7 @@ def test_inject_loads_no_agent_and_no_logging_when_it_logs_nothing(
 def test_replay_loads_the_machine_but_not_the_agent(small_log: Path) -> None:
     """``replay`` needs the events and the machine, not the agent, its effects or runsc."""
     loaded = _loaded_after(_run_quietly(["replay", str(small_log)]))
-    assert sorted(m for m in (*AGENT_ONLY, "anyio") if m in loaded) == []
+    assert sorted(m for m in AGENT_ONLY if m in loaded) == []
     assert "substrate_gpu.lifecycle.machine" in loaded
 
 
