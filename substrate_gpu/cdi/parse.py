@@ -48,13 +48,9 @@ import difflib
 import json
 import os
 import re
-from collections.abc import Hashable
 from typing import Final, NoReturn
 
-import yaml
-
 from substrate_gpu import _defaults, exceptions
-from substrate_gpu._yaml import SafeLoader as _SafeLoader
 from substrate_gpu.cdi import bodies, model, versions
 
 __all__ = ["MAX_SPEC_BYTES", "load_spec", "parse_spec"]
@@ -108,57 +104,8 @@ def _no_duplicate_pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return result
 
 
-class _SpecLoader(_SafeLoader):
-    """The safe loader, refusing what a generated CDI spec never contains (see module doc)."""
-
-    def construct_object(self, node: yaml.Node, deep: bool = False) -> object:
-        # A node constructed twice is an alias (``*name``) or a recursive reference.
-        if node in self.constructed_objects:
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
-                "YAML aliases are not allowed in a CDI spec (a node anchored here is reused)",
-                node.start_mark,
-            )
-        return super().construct_object(node, deep=deep)
-
-    def construct_mapping(
-        self,
-        node: yaml.MappingNode,
-        deep: bool = False,
-    ) -> dict[Hashable, object]:
-        # No flatten_mapping(): merge keys (``<<``) then fail for want of a constructor.
-        mapping: dict[Hashable, object] = {}
-        for key_node, value_node in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if not isinstance(key, str):
-                raise yaml.constructor.ConstructorError(
-                    "while reading a mapping",
-                    node.start_mark,
-                    f"found a non-string key ({type(key).__name__})",
-                    key_node.start_mark,
-                )
-            if key in mapping:
-                raise yaml.constructor.ConstructorError(
-                    "while reading a mapping",
-                    node.start_mark,
-                    f"found duplicate key {key!r}",
-                    key_node.start_mark,
-                )
-            mapping[key] = self.construct_object(value_node, deep=deep)
-        return mapping
-
-
 def _json_error(error: json.JSONDecodeError) -> str:
     return f"not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}"
-
-
-def _yaml_error(error: yaml.YAMLError) -> str:
-    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
-        mark = error.problem_mark
-        what = ": ".join(part for part in (error.context, error.problem) if part)
-        return f"not valid YAML: {what} at line {mark.line + 1}, column {mark.column + 1}"
-    return f"not valid YAML: {error}"
 
 
 def _decode(text: str) -> object:
@@ -176,10 +123,16 @@ def _decode(text: str) -> object:
             json_problem = str(e)
         except (ValueError, RecursionError) as e:
             json_problem = f"not valid JSON: {e}"
+    # Imported here: a JSON spec (what the agent has nvidia-ctk generate) never loads PyYAML,
+    # ~15 ms of a `cdi show` or `inject`.
+    import yaml  # noqa: PLC0415
+
+    from substrate_gpu.cdi import _yaml_spec  # noqa: PLC0415
+
     try:
-        return yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - a subclass of SafeLoader
+        return yaml.load(text, Loader=_yaml_spec.SpecLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as e:
-        raise _DecodeError(json_problem or _yaml_error(e)) from e
+        raise _DecodeError(json_problem or _yaml_spec.describe_error(e)) from e
     except (ValueError, RecursionError, OverflowError) as e:
         # int() on a huge scalar, or a document nested thousands deep.
         raise _DecodeError(json_problem or f"not valid YAML: {e}") from e

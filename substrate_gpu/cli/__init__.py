@@ -17,13 +17,14 @@ Error messages are worded in one place, :mod:`._errors`.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import select
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from substrate_gpu import exceptions
+from substrate_gpu import _log, exceptions
 from substrate_gpu.cli import _deferred, _errors, _registry
 from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
@@ -130,12 +131,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A long-running agent announces where it serves; one-shot commands keep quiet.
     level = args.log_level or getattr(args, "default_log_level", "WARNING")
     handler: Handler = args.handler
-    if getattr(args, "logs", True):
-        # Imported here: structlog (with rich, when installed) is most of a one-shot
-        # command's start, and the commands marked `logs=False` never log through it.
-        from substrate_gpu.observability import logging as logging_  # noqa: PLC0415
-
-        logging_.configure_logging(json=json_logs, level=level)
+    # structlog (with rich, when installed) is most of a one-shot command's start, so it is
+    # configured, and imported, only when the command logs: `logs` is "on first log" for
+    # most, "at start" for the long-running ones (whose libraries log through the stdlib
+    # from the start) and "never" for those that never log.
+    logs = getattr(args, "logs", "on first log")
+    if logs != "never":
+        configure = functools.partial(_configure_logging, json=json_logs, level=level)
+        if logs == "at start":
+            configure()
+        else:
+            _log.configure_on_first_log(configure, level=level)
     try:
         code = handler(args)
         sys.stdout.flush()  # here, so a reader gone by now is handled below
@@ -153,7 +159,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return EXIT_OK
+    finally:
+        _log.configure_on_first_log(None)  # this command's, not a later caller's
     return code
+
+
+def _configure_logging(*, json: bool | None, level: str) -> None:
+    from substrate_gpu.observability import logging as logging_  # noqa: PLC0415
+
+    logging_.configure_logging(json=json, level=level)
 
 
 def _stdout_reader_left() -> bool:

@@ -13,14 +13,16 @@ import argparse
 import contextlib
 import difflib
 import json
-import socket
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from substrate_gpu import exceptions
 from substrate_gpu.cli._exitcodes import EXIT_FAILED, EXIT_OK
+
+if TYPE_CHECKING:
+    import socket
 
 #: The event types a client may send, for ``--help``: the protocol's
 #: ``EXTERNAL_TYPES``, written out so that building the parser loads no lifecycle
@@ -75,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     actors = what.add_parser("actors", help="every actor (optionally: in one state)")
     actors.add_argument("--state", help="only the actors in this state")
     what.add_parser("-", help="send JSON lines from stdin (events or queries), in order")
-    parser.set_defaults(handler=run, logs=False)  # see cli.main
+    parser.set_defaults(handler=run, logs="never")  # see cli.main
 
 
 def run(args: argparse.Namespace) -> int:
@@ -146,6 +148,8 @@ def _event(args: argparse.Namespace) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _connected(path: Path) -> Iterator[socket.socket]:
+    import socket  # noqa: PLC0415  (only `client` connects: kept out of the others' start)
+
     stream = socket.socket(socket.AF_UNIX)
     stream.settimeout(ANSWER_TIMEOUT_S)
     try:

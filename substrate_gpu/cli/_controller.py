@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="serve kopf's health check here, e.g. http://0.0.0.0:8080/healthz",
     )
     # A controller's log is its only account of what it did to each pool.
-    parser.set_defaults(handler=_run, default_log_level="INFO")
+    parser.set_defaults(handler=_run, default_log_level="INFO", logs="at start")
 
 
 def _run(args: argparse.Namespace) -> int:

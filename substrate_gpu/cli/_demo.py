@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     # The transcript is the output: every refusal and failure is a line of it, so the
     # lifecycle's WARNING log lines would say each twice (--log-level WARNING shows them).
-    parser.set_defaults(handler=run, default_log_level="ERROR")
+    parser.set_defaults(handler=run, default_log_level="ERROR", logs="at start")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -139,13 +139,16 @@ async def _generated_spec(args: argparse.Namespace) -> model.Spec:
 
 def run_inject(args: argparse.Namespace) -> int:
     """Handler of ``inject``."""
-    import anyio  # noqa: PLC0415
-
     from substrate_gpu import cdi  # noqa: PLC0415
     from substrate_gpu.injection import bundle as bundle_  # noqa: PLC0415
     from substrate_gpu.rootfs import SonameCache  # noqa: PLC0415
 
-    spec = anyio.run(_generated_spec, args) if args.generate else _load_spec(args.cdi_spec, args)
+    if args.generate:
+        import anyio  # noqa: PLC0415
+
+        spec = anyio.run(_generated_spec, args)
+    else:
+        spec = _load_spec(args.cdi_spec, args)
     options = bundle_.InjectionOptions(
         driver_root=args.driver_root, dev_root=args.dev_root, toolkit_dir=args.toolkit_dir
     )
@@ -172,9 +175,9 @@ def run_inject(args: argparse.Namespace) -> int:
 
 def _maybe_warn_missing_hook(toolkit_dir: Path, kept: Sequence[str]) -> None:
     """Kept hooks run ``<toolkit-dir>/nvidia-cdi-hook`` at container start: say if it is absent."""
-    from substrate_gpu.injection import bundle as bundle_  # noqa: PLC0415
+    from substrate_gpu.injection import toolkit  # noqa: PLC0415
 
-    binary = bundle_.hook_binary(toolkit_dir)
+    binary = toolkit.hook_binary(toolkit_dir)
     if kept and not Path(binary).exists():
         print(
             f"substrate-gpu inject: warning: {binary} does not exist: the hooks kept "
@@ -210,8 +213,7 @@ def _device_row(node: model.DeviceNode, dev_root: Path) -> tuple[str, ...]:
 def run_cdi_show(args: argparse.Namespace) -> int:
     """Handler of ``cdi show``."""
     from substrate_gpu import cdi  # noqa: PLC0415
-    from substrate_gpu.injection import bundle as bundle_  # noqa: PLC0415
-    from substrate_gpu.injection import oci  # noqa: PLC0415
+    from substrate_gpu.injection import oci, toolkit  # noqa: PLC0415
 
     spec = _load_spec(args.file, args)
     edits = cdi.edits_for_all(spec)
@@ -219,7 +221,7 @@ def run_cdi_show(args: argparse.Namespace) -> int:
         edits,
         (),
         driver_root=args.driver_root,
-        hook_binary=bundle_.hook_binary(args.toolkit_dir),
+        hook_binary=toolkit.hook_binary(args.toolkit_dir),
     )
     print(f"{spec.source}: cdiVersion {spec.cdi_version}, kind {spec.kind}")
     names = ", ".join(d.name for d in spec.devices)

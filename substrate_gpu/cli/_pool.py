@@ -42,7 +42,7 @@ __all__ = ["register"]
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``pool validate|render|crd|deploy-files``."""
     pool = subparsers.add_parser("pool", help="WorkerPool validation, rendering and CRD")
-    pool.set_defaults(logs=False)  # see cli.main
+    pool.set_defaults(logs="never")  # see cli.main
     commands = pool.add_subparsers(dest="pool_command", required=True, metavar="SUBCOMMAND")
 
     validate = commands.add_parser(

@@ -6,9 +6,15 @@ the group-committing, rotating :class:`EventLog` (the agent's ``EventRecorder``)
 compaction snapshots; :mod:`.replayer` rebuilding states through the machine without effects;
 :mod:`.recovery` resuming an agent and reconciling interrupted effects with the runtime.
 docs/event-log.md is the user-facing account.
+
+Reading and replaying are imported here; the writer (anyio, structlog) and recovery (runsc,
+the agent) resolve on first use (PEP 562), so ``substrate-gpu replay`` loads neither.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 from substrate_gpu.eventlog.errors import (
     CorruptLogError,
@@ -18,18 +24,30 @@ from substrate_gpu.eventlog.errors import (
 )
 from substrate_gpu.eventlog.format import Header, Rejection
 from substrate_gpu.eventlog.reader import LogContents, TornTail, read_log
-from substrate_gpu.eventlog.recovery import (
-    Decision,
-    Reconciliation,
-    Recovery,
-    decide,
-    image_is_whole,
-    recover,
-)
 from substrate_gpu.eventlog.replayer import ReplayResult, replay
 from substrate_gpu.eventlog.snapshot import Snapshot
-from substrate_gpu.eventlog.writer import EventLog, LogLock, lock
-from substrate_gpu.lifecycle.agent import ResumePoint
+
+if TYPE_CHECKING:
+    from substrate_gpu.eventlog.recovery import (
+        Decision,
+        Reconciliation,
+        Recovery,
+        decide,
+        image_is_whole,
+        recover,
+    )
+    from substrate_gpu.eventlog.writer import EventLog, LogLock, lock
+    from substrate_gpu.lifecycle.agent import ResumePoint
+
+#: The names resolved on first use, and the module that defines each.
+_LAZY = {
+    **dict.fromkeys(
+        ["Decision", "Reconciliation", "Recovery", "decide", "image_is_whole", "recover"],
+        "substrate_gpu.eventlog.recovery",
+    ),
+    **dict.fromkeys(["EventLog", "LogLock", "lock"], "substrate_gpu.eventlog.writer"),
+    "ResumePoint": "substrate_gpu.lifecycle.agent",
+}
 
 __all__ = [
     "CorruptLogError",
@@ -55,3 +73,14 @@ __all__ = [
     "recover",
     "replay",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Resolve a name of :data:`_LAZY` on first use, then keep it."""
+    try:
+        module = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value: object = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -27,19 +27,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
 
 import msgspec
-import structlog
 
 from substrate_gpu import _atomic, _files, exceptions
+from substrate_gpu._log import get_logger
 from substrate_gpu.injection import devices as devices_
-from substrate_gpu.injection import hooks as hooks_
 from substrate_gpu.injection import oci, toolkit
-from substrate_gpu.rootfs import host_watch, staging
+from substrate_gpu.rootfs import staging
 
 if TYPE_CHECKING:
     from substrate_gpu.cdi import model
     from substrate_gpu.rootfs.sonames import SonameCache
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder()
@@ -93,9 +92,6 @@ class _Resolution:
     dev_root: Path
     fingerprint: tuple[object, ...]
     resolved: _Devices
-    watch: host_watch.HostWatch | None
-    token: int | None
-    """The watch's token, armed before the stats (``None``: the nodes are not watched)."""
 
 
 class PlanCache:
@@ -106,17 +102,11 @@ class PlanCache:
     immutable; the agent keeps one edits object per requested device set), the rest by
     value; only the last device set is kept (more bought nothing a user sees: a plan costs
     well under a millisecond next to the ~300 ms of ``runsc create``; docs/gpu-injection.md).
-    The resolution of the device nodes is reused while the host watch says none of the host
-    nodes changed since they were last stat-ed, or, where the nodes cannot be watched, while
-    they stat the same. Safe to share between threads: each entry is replaced as one object.
-
-    ``watch``: as for :class:`~substrate_gpu.rootfs.sonames.SonameCache`.
+    The resolution of the device nodes is reused while they stat the same (one ``stat``
+    a node). Safe to share between threads: each entry is replaced as one object.
     """
 
-    def __init__(
-        self, *, watch: host_watch.HostWatch | Literal["shared"] | None = "shared"
-    ) -> None:
-        self._watch = watch
+    def __init__(self) -> None:
         # The last (edits, key, plan) and the last device resolution.
         self._plan: tuple[model.ContainerEdits, tuple[object, ...], oci.InjectionPlan] | None
         self._plan = None
@@ -124,41 +114,29 @@ class PlanCache:
         self._hook_binaries: dict[Path, str] = {}
 
     def hook_binary(self, toolkit_dir: Path) -> str:
-        """:func:`hook_binary`, chosen once per worker like its spec (which nvidia-ctk of
-        the same mounted toolkit generated once)."""
+        """:func:`~substrate_gpu.injection.toolkit.hook_binary`, chosen once per worker
+        like its spec (which nvidia-ctk of the same mounted toolkit generated once)."""
         chosen = self._hook_binaries.get(toolkit_dir)
         if chosen is None:
-            chosen = self._hook_binaries[toolkit_dir] = hook_binary(toolkit_dir)
+            chosen = self._hook_binaries[toolkit_dir] = toolkit.hook_binary(toolkit_dir)
         return chosen
 
     def resolve(
         self, edits: model.ContainerEdits, dev_root: Path
     ) -> tuple[devices_.ResolvedDevice, ...]:
-        """:func:`devices.resolve_device_numbers` for ``edits``' nodes, reused while the
-        watch vouches for the host nodes, else while every node stat-s the same (type and
-        numbers: all the resolution reads)."""
-        watch = host_watch.shared() if self._watch == "shared" else self._watch
+        """:func:`devices.resolve_device_numbers` for ``edits``' nodes, reused while every
+        node stat-s the same (type and numbers: all the resolution reads)."""
         last = self._resolution
-        same = last is not None and last.edits is edits and last.dev_root == dev_root
+        fingerprint = devices_.host_fingerprint(edits.device_nodes, dev_root=dev_root)
         if (
-            same
-            and last is not None
-            and last.token is not None
-            and watch is not None
-            and last.watch is watch
-            and watch.unchanged(last.token)
+            last is not None
+            and last.edits is edits
+            and last.dev_root == dev_root
+            and fingerprint == last.fingerprint
         ):
             return last.resolved
-        # Watch the nodes from the second resolution on (a later actor): the first actor
-        # of a worker pays no watch it may never use. Armed before the stats below.
-        paths = devices_.host_paths(edits.device_nodes, dev_root=dev_root)
-        token = watch.arm(paths) if same and watch is not None else None
-        fingerprint = devices_.host_fingerprint(edits.device_nodes, dev_root=dev_root)
-        if same and last is not None and fingerprint == last.fingerprint:
-            resolved = last.resolved
-        else:
-            resolved = devices_.resolve_device_numbers(edits.device_nodes, dev_root=dev_root)
-        self._resolution = _Resolution(edits, dev_root, fingerprint, resolved, watch, token)
+        resolved = devices_.resolve_device_numbers(edits.device_nodes, dev_root=dev_root)
+        self._resolution = _Resolution(edits, dev_root, fingerprint, resolved)
         return resolved
 
     def plan(
@@ -177,12 +155,6 @@ class PlanCache:
         plan = oci.plan_injection(edits, resolved, driver_root=driver_root, hook_binary=hook_binary)
         self._plan = (edits, key, plan)
         return plan
-
-
-def hook_binary(toolkit_dir: Path) -> str:
-    """The toolkit's ``nvidia-cdi-hook``, preferring ``nvidia-cdi-hook.real`` (the plain
-    name is often a shell wrapper that needs tools the sandbox host side lacks)."""
-    return str(toolkit.toolkit_binary(toolkit_dir, hooks_.HOOK_BINARY_NAME))
 
 
 def read_config(bundle: Path) -> oci.OciConfig:

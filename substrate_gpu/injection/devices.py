@@ -156,15 +156,6 @@ def _as_written(node: model.DeviceNode, permissions: str, file_mode: int | None)
     )
 
 
-def host_paths(nodes: Iterable[model.DeviceNode], *, dev_root: Path = Path("/")) -> list[str]:
-    """The host paths :func:`resolve_device` stats (every node's), normalised, in order
-    (relative when ``dev_root`` is)."""
-    return [
-        os.path.normpath(os.path.join(dev_root, node.source.lstrip("/")))  # noqa: PTH118
-        for node in nodes
-    ]
-
-
 def host_fingerprint(
     nodes: Iterable[model.DeviceNode], *, dev_root: Path = Path("/")
 ) -> tuple[object, ...]:

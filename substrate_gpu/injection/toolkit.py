@@ -28,18 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-import anyio
-import structlog
-
-from substrate_gpu import _defaults, _process, exceptions
+from substrate_gpu import _defaults, exceptions
 from substrate_gpu import cdi as cdi_
+from substrate_gpu._log import get_logger
+from substrate_gpu.injection import hooks as hooks_
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from substrate_gpu.cdi import model
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ENV_DRIVER_ROOT = _defaults.DRIVER_ROOT_ENV
 DEFAULT_DRIVER_ROOT = _defaults.DRIVER_ROOT
@@ -90,6 +89,12 @@ def toolkit_binary(toolkit_dir: Path, name: str) -> Path:
     """``<dir>/<name>.real`` when it exists, else ``<dir>/<name>``."""
     real = toolkit_dir / f"{name}.real"
     return real if real.exists() else toolkit_dir / name
+
+
+def hook_binary(toolkit_dir: Path) -> str:
+    """The toolkit's ``nvidia-cdi-hook``, preferring ``nvidia-cdi-hook.real`` (the plain
+    name is often a shell wrapper that needs tools the sandbox host side lacks)."""
+    return str(toolkit_binary(toolkit_dir, hooks_.HOOK_BINARY_NAME))
 
 
 def generate_argv(config: ToolkitConfig, output: Path) -> list[str]:
@@ -154,6 +159,10 @@ class CdiSpecGenerator:
     """Generates and caches this worker's CDI spec; safe to share between actors."""
 
     def __init__(self, config: ToolkitConfig, *, metrics: GenerationMetrics | None = None) -> None:
+        # anyio and the process runner only here: `inject` and `cdi show` use this module's
+        # paths and never generate (~15 ms of their start).
+        import anyio  # noqa: PLC0415
+
         self.config = config
         self.metrics = metrics
         self._lock = anyio.Lock()
@@ -197,6 +206,8 @@ class CdiSpecGenerator:
         tmp = config.output_dir / f".{SPEC_FILE_NAME}.{os.getpid()}.tmp"
         argv = generate_argv(config, tmp)
         log.info("cdi_spec_generating", argv=argv)
+        from substrate_gpu import _process  # noqa: PLC0415  (see __init__)
+
         try:
             await _process.run_command(
                 argv,

@@ -5,13 +5,17 @@ Where things live: :mod:`.machine` loads and validates the YAML and renders its 
 event to one; :mod:`.effects` talks to runsc, the CUDA probe and the GPU injector;
 :mod:`.pipeline` orders events and runs effects; :mod:`.agent` is the embedding API;
 :mod:`.hooks` the seams for the event log, observers and metrics.
+
+The agent and its effects (anyio, runsc, the injector) resolve on first use (PEP 562): replaying
+a log or decoding an event (``substrate-gpu replay``, ``client``) loads neither.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING
+
 from substrate_gpu.lifecycle.actors import ActorView
-from substrate_gpu.lifecycle.agent import Agent, Subscription
-from substrate_gpu.lifecycle.effects import GpuInjector
 from substrate_gpu.lifecycle.errors import (
     AgentClosedError,
     EventSchemaError,
@@ -28,6 +32,17 @@ from substrate_gpu.lifecycle.hooks import (
     TransitionObserver,
 )
 from substrate_gpu.lifecycle.machine import MachineSpec, load_spec, render_mermaid
+
+if TYPE_CHECKING:
+    from substrate_gpu.lifecycle.agent import Agent, Subscription
+    from substrate_gpu.lifecycle.effects import GpuInjector
+
+#: The names resolved on first use, and the module that defines each.
+_LAZY = {
+    "Agent": "substrate_gpu.lifecycle.agent",
+    "Subscription": "substrate_gpu.lifecycle.agent",
+    "GpuInjector": "substrate_gpu.lifecycle.effects",
+}
 
 __all__ = [
     "ActorView",
@@ -51,3 +66,14 @@ __all__ = [
     "load_spec",
     "render_mermaid",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Resolve a name of :data:`_LAZY` on first use, then keep it."""
+    try:
+        module = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value: object = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -14,15 +14,16 @@ headers, so the cold path reads exactly what ``ld.so`` reads:
 Every field is decoded with pyelftools' own structure definitions (:class:`ELFStructs`), so
 32/64-bit and both byte orders come for free; the section header table is never touched.
 
-Corrupt input never raises: pyelftools and ``struct`` raise ``ELFError``, construct errors,
-``OverflowError``, ``AssertionError``, ``struct.error`` or ``ValueError`` on hostile bytes,
-and all of them (with ``OSError``) become a :class:`SonameUnreadable` with a reason.
+pyelftools' definitions are compiled once into ``struct`` layouts (imported then: an
+``inject`` that mounts no library never loads pyelftools), so only ``struct`` and our own
+checks touch the bytes. Corrupt input never raises: ``struct.error``, ``OverflowError``,
+``ValueError`` and the like on hostile bytes (with ``OSError``) become a
+:class:`SonameUnreadable` with a reason.
 
 :class:`SonameCache` keys results by the file's identity and version (device, inode, size,
-mtime, ctime), so a later lookup pays one ``stat`` per library and nothing else. A batch
-(:meth:`SonameCache.lookup_many`, a later actor's whole driver) pays not even that while a
-:class:`~substrate_gpu.rootfs.host_watch.HostWatch` says none of its files changed since it
-was last stat-ed.
+mtime, ctime), so a later lookup pays one ``stat`` per library and nothing else (~40 of them
+for a later actor's whole driver, ~0.1 ms; a host watch that saved them moved a warm
+injection next to ``runsc create`` by under 1%, so it was removed: docs/gpu-injection.md).
 """
 
 from __future__ import annotations
@@ -37,13 +38,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal, TypeAlias
+from typing import TYPE_CHECKING, BinaryIO, TypeAlias
 
-from elftools.common.exceptions import ELFError
-from elftools.construct.core import ConstructError, FormatField, Struct, Value
-from elftools.elf.structs import ELFStructs
-
-from substrate_gpu.rootfs import host_watch
+if TYPE_CHECKING:
+    from elftools.construct.core import Struct
 
 _ELF_MAGIC = b"\x7fELF"
 _PT_LOAD = 1
@@ -89,11 +87,10 @@ class SonameUnreadable:
 SonameResult: TypeAlias = SonameFound | SonameAbsent | SonameUnreadable
 """The outcome of reading one file's SONAME; never an exception."""
 
-#: What pyelftools, construct and struct raise on corrupt input (brief §8). OSError is
-#: handled apart: an I/O error says nothing about the file's content, so it is not cached.
+#: What decoding raises on corrupt input (brief §8): struct and our own indexing; pyelftools
+#: never sees the bytes. OSError is handled apart: an I/O error says nothing about the
+#: file's content, so it is not cached.
 _CORRUPT_INPUT_ERRORS: tuple[type[Exception], ...] = (
-    ELFError,
-    ConstructError,
     OverflowError,
     AssertionError,
     struct.error,
@@ -129,6 +126,8 @@ class _Layout:
 
 
 def _compile(definition: Struct, little_endian: bool) -> _Layout:
+    from elftools.construct.core import FormatField, Value  # noqa: PLC0415  (module doc)
+
     names: list[str] = []
     formats: list[str] = []
     for field in definition.subcons:
@@ -155,6 +154,8 @@ class _Layouts:
 @functools.lru_cache(maxsize=4)
 def _layouts(little_endian: bool, elfclass: int) -> _Layouts:
     """The records we decode, for one ELF class and byte order (built once each)."""
+    from elftools.elf.structs import ELFStructs  # noqa: PLC0415  (module doc)
+
     structs = ELFStructs(little_endian=little_endian, elfclass=elfclass)
     structs.create_basic_structs()
     structs.create_advanced_structs()
@@ -322,7 +323,7 @@ class CacheStats:
     """Counters of a :class:`SonameCache`."""
 
     hits: int
-    """Lookups answered from the cache (one ``stat``, or none while a batch is watched)."""
+    """Lookups answered from the cache (one ``stat`` each)."""
     misses: int
     """Lookups that opened and read the file."""
     size: int
@@ -335,10 +336,6 @@ class SonameCache:
     A hit costs one ``stat``. A miss opens the file, keys the result by ``fstat`` of the
     open file (so a file replaced between ``stat`` and ``open`` is cached under what was
     actually read) and reads it. Failures to stat or open are returned, never cached.
-
-    ``watch``: the :class:`~substrate_gpu.rootfs.host_watch.HostWatch` that lets
-    :meth:`lookup_many` answer a repeated batch without a ``stat`` (``"shared"``: this
-    process's, looked up on each call so a forked child uses its own; ``None``: always stat).
     """
 
     def __init__(
@@ -346,22 +343,15 @@ class SonameCache:
         maxsize: int = 4096,
         *,
         opener: Callable[[Path], BinaryIO] = open_for_reading,
-        watch: host_watch.HostWatch | Literal["shared"] | None = "shared",
     ) -> None:
         if maxsize < 1:
             raise ValueError("maxsize must be at least 1")
         self._maxsize = maxsize
         self._opener = opener
-        self._watch = watch
         self._entries: OrderedDict[_FileKey, SonameResult] = OrderedDict()
         self._lock = threading.Lock()
         self._hits = 0
         self._misses = 0
-        self._stated: list[Path] | None = None  # the last batch stat-ed
-        # The last batch whose files the watch covers: (paths, results, watch, token).
-        self._watched: tuple[list[Path], list[SonameResult], host_watch.HostWatch, int] | None = (
-            None
-        )
 
     @property
     def stats(self) -> CacheStats:
@@ -376,37 +366,7 @@ class SonameCache:
         Each directory is opened once and its files stat-ed by name from it (the kernel
         walks the directory's path once, not once per library); the result is the same
         ``stat`` of the same file, symlinks followed.
-
-        The same batch again (from its third lookup on: the second arms the watch) costs no
-        ``stat`` while the host watch says none of its files, their directories or the
-        mounts changed since the batch was last stat-ed (the watch is armed before those
-        stats). A batch with a failed ``stat``, ``open`` or read is never trusted that way:
-        such failures may pass.
         """
-        watch = host_watch.shared() if self._watch == "shared" else self._watch
-        last = self._watched
-        if (
-            last is not None
-            and last[2] is watch
-            and last[0] == paths  # the very same Path objects on the warm path: identity
-            and watch.unchanged(last[3])
-        ):
-            with self._lock:
-                self._hits += len(paths)
-            return list(last[1])
-        # Watch a batch from its second lookup on (a later actor): the first actor of a
-        # worker pays no watch it may never use. Armed before the stats below.
-        repeated = self._stated == paths
-        token = watch.arm([os.fspath(p) for p in paths]) if repeated and watch else None
-        results, trusted = self._lookup_many(paths)
-        self._stated = list(paths)
-        if watch is not None and token is not None and trusted:
-            self._watched = (list(paths), results, watch, token)
-        return list(results)
-
-    def _lookup_many(self, paths: Sequence[Path]) -> tuple[list[SonameResult], bool]:
-        """The results by ``stat``, and whether none of them is a passing failure."""
-        trusted = True
         keys: list[_FileKey | SonameResult] = []
         directories: dict[str, int | None] = {}
         try:
@@ -423,7 +383,6 @@ class SonameCache:
                     st = os.stat(path) if dir_fd is None else os.stat(name, dir_fd=dir_fd)  # noqa: PTH116
                 except OSError as e:
                     keys.append(SonameUnreadable(f"cannot stat: {e.strerror or e}"))
-                    trusted = False
                     continue
                 if not stat.S_ISREG(st.st_mode):
                     keys.append(SonameUnreadable("not a regular file"))
@@ -446,38 +405,31 @@ class SonameCache:
                     self._hits += 1
                 results.append(cached)
         # Misses (the first actor, a changed file) take the careful path, file by file.
-        found: list[SonameResult] = []
-        for path, cached in zip(paths, results, strict=True):
-            if cached is None:
-                cached, cacheable = self._lookup(path)  # noqa: PLW2901
-                trusted = trusted and cacheable
-            found.append(cached)
-        return found, trusted
+        return [
+            self.lookup(path) if cached is None else cached
+            for path, cached in zip(paths, results, strict=True)
+        ]
 
     def lookup(self, path: Path) -> SonameResult:
         """The SONAME result for the file at ``path`` (symlinks followed); never raises."""
-        return self._lookup(path)[0]
-
-    def _lookup(self, path: Path) -> tuple[SonameResult, bool]:
-        """:meth:`lookup`, and whether the result may be kept (no ``OSError`` on the way)."""
         try:
             st = path.stat()
         except OSError as e:
-            return SonameUnreadable(f"cannot stat: {e.strerror or e}"), False
+            return SonameUnreadable(f"cannot stat: {e.strerror or e}")
         if not stat.S_ISREG(st.st_mode):
-            return SonameUnreadable("not a regular file"), True
+            return SonameUnreadable("not a regular file")
         key = file_key(st)
         with self._lock:
             cached = self._entries.get(key)
             if cached is not None:
                 self._entries.move_to_end(key)
                 self._hits += 1
-                return cached, True
+                return cached
             self._misses += 1
         try:
             stream = self._opener(path)
         except OSError as e:
-            return SonameUnreadable(f"cannot open: {e.strerror or e}"), False
+            return SonameUnreadable(f"cannot open: {e.strerror or e}")
         with stream:
             try:
                 st = os.fstat(stream.fileno())
@@ -485,15 +437,15 @@ class SonameCache:
                 pass  # a test double without a descriptor: keep the stat() key
             else:
                 if not stat.S_ISREG(st.st_mode):
-                    return SonameUnreadable("not a regular file"), True
+                    return SonameUnreadable("not a regular file")
                 key = file_key(st)
             try:
                 result = _decode_soname(stream)
             except OSError as e:
-                return SonameUnreadable(f"read error: {e.strerror or e}"), False
+                return SonameUnreadable(f"read error: {e.strerror or e}")
         with self._lock:
             self._entries[key] = result
             self._entries.move_to_end(key)
             while len(self._entries) > self._maxsize:
                 self._entries.popitem(last=False)
-        return result, True
+        return result

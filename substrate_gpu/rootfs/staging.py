@@ -35,8 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import structlog
-
+from substrate_gpu._log import get_logger
 from substrate_gpu.exceptions import InjectionError
 from substrate_gpu.rootfs import confined
 from substrate_gpu.rootfs.sonames import (
@@ -46,19 +45,19 @@ from substrate_gpu.rootfs.sonames import (
     SonameUnreadable,
 )
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 
 class StagingLog(Protocol):
     """The slice of a structlog bound logger staging uses."""
 
-    def debug(self, event: str, /, **fields: object) -> object:
+    def debug(self, event: str, **fields: object) -> object:
         """Log at debug level."""
 
-    def info(self, event: str, /, **fields: object) -> object:
+    def info(self, event: str, **fields: object) -> object:
         """Log at info level."""
 
-    def warning(self, event: str, /, **fields: object) -> object:
+    def warning(self, event: str, **fields: object) -> object:
         """Log at warning level."""
 
 

@@ -1,13 +1,19 @@
 """Benchmark: how fast each everyday ``substrate-gpu`` command answers, against a bare start.
 
-Run: ``.venv/bin/python tests/bench/bench_cli.py [--rounds 21] [--smoke]``. Not collected by
-pytest. ``--smoke``: 3 rounds, seconds, no verdicts (exit 0 whatever the figures).
+Run: ``.venv/bin/python tests/bench/bench_cli.py [--rounds 21] [--smoke] [--from-source]``.
+Not collected by pytest. ``--smoke``: 3 rounds, seconds, no verdicts (exit 0 whatever the
+figures).
 
 Each round runs, interleaved so a busy machine slows both alike, a bare interpreter of the
 same venv (``python -c pass``) and every command below, each as its own process
 (``python -m substrate_gpu …``, what the ``substrate-gpu`` script does). Printed per
 command: the median wall time, its ratio to the bare start's median, and the target (within
 4x the bare start, median). Outside ``--smoke`` the exit status is 1 when a target is missed.
+
+The package is byte-compiled first (``compileall``), as an installed one is: where
+``PYTHONDONTWRITEBYTECODE`` is set (the shared development machine sets it) every command would
+otherwise recompile each of its modules from source, ~40 ms of ``inject`` that no installed
+``substrate-gpu`` pays. ``--from-source`` measures that case instead (the caches removed).
 
 The commands: ``--help``; ``cdi show`` and ``inject`` of a small spec (a fresh bundle each
 round); ``client … actors`` and ``client … actor`` against a running agent; ``replay`` of
@@ -17,7 +23,10 @@ that agent's small log; ``pool validate``, ``pool render`` and ``pool crd``.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
+import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -113,8 +122,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--smoke", action="store_true", help="3 rounds, no verdicts")
+    parser.add_argument(
+        "--from-source", action="store_true", help="no bytecode caches (see the module doc)"
+    )
     opts = parser.parse_args()
     rounds = 3 if opts.smoke else opts.rounds
+    package = REPO / "substrate_gpu"
+    if opts.from_source:
+        for cache in package.rglob("__pycache__"):
+            shutil.rmtree(cache)
+        os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # the commands' own, inherited
+    else:
+        compileall.compile_dir(package, quiet=1)
 
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp_name:
         tmp = Path(tmp_name)

@@ -266,8 +266,8 @@ def floor_injection(bundle: Path, config: bytes, links: list[tuple[str, str]]) -
 
 def floor_with_reads(bundle: Path, links: list[tuple[str, str]], stats: list[str]) -> None:
     """The floor plus the reads of a stat-based check: config.json read, decoded and
-    re-encoded (the bytes written), and a stat of every device node and library (the warm
-    path replaces the stats by the host watch's poll while nothing changed)."""
+    re-encoded (the bytes written), and a stat of every device node and library (what the
+    warm path checks too)."""
     data = msgspec.json.encode(msgspec.json.decode((bundle / "config.json").read_bytes()))
     for path in stats:
         os.stat(path)

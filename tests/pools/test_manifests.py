@@ -169,6 +169,18 @@ def test_pool_files_are_read_with_the_c_loader(monkeypatch: pytest.MonkeyPatch) 
     assert built == ["a: 1\n"]
 
 
+def test_manifests_are_written_by_the_c_emitter_without_aliases() -> None:
+    """``pool render``/``crd`` write through libyaml's emitter (the pure-Python one was
+    most of ``pool crd``), and an object reused in a manifest is written out, not aliased."""
+    from substrate_gpu import _yaml
+
+    assert issubclass(manifests._PlainDumper, yaml.CSafeDumper)
+    assert _yaml.SafeDumper is yaml.CSafeDumper
+    shared = {"name": "x"}
+    text = manifests.dump_documents([{"a": shared, "b": shared}])
+    assert text == "---\na:\n  name: x\nb:\n  name: x\n"
+
+
 def test_unreadable_file_is_a_pool_file_error(tmp_path: Path) -> None:
     """A missing file is a clear PoolFileError naming it."""
     with pytest.raises(PoolFileError, match="missing.yaml"):
