@@ -6,15 +6,14 @@ import argparse
 
 import pytest
 
-from substrate_gpu import exceptions
+from substrate_gpu import cli, exceptions
 from substrate_gpu.cli import _agent
 from substrate_gpu.service import wiring
 
 
 def _parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    _agent.register(parser.add_subparsers())
-    return parser.parse_args(["agent", "--stdin", *argv])
+    # The CLI's own parser: `agent`'s arguments are added when it is typed (cli._deferred).
+    return cli.build_parser().parse_args(["agent", "--stdin", *argv])
 
 
 def test_runsc_flags_reach_the_driver_in_order() -> None:
