@@ -40,7 +40,8 @@ from support.real import missing
 
 from substrate_gpu import cdi, cli, demo, eventlog, runsc
 from substrate_gpu.lifecycle import effects, hooks
-from substrate_gpu.observability import AgentMetrics, AgentRegistry
+from substrate_gpu.observability.metrics import AgentMetrics
+from substrate_gpu.observability.registry import AgentRegistry
 from substrate_gpu.pools import validation
 from substrate_gpu.testing import bundles
 from substrate_gpu.testing import node as node_
