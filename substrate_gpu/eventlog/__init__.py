@@ -13,9 +13,9 @@ the agent) resolve on first use (PEP 562), so ``substrate-gpu replay`` loads nei
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from substrate_gpu import _lazy
 from substrate_gpu.eventlog.errors import (
     CorruptLogError,
     EventLogError,
@@ -75,12 +75,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """Resolve a name of :data:`_LAZY` on first use, then keep it."""
-    try:
-        module = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value: object = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+#: Resolves a name of :data:`_LAZY` on first use, then keeps it.
+__getattr__ = _lazy.module_getattr(__name__, _LAZY, globals())
