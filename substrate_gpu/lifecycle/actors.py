@@ -417,7 +417,8 @@ CALLBACKS = _methods("None")
 Move = Callable[[Actor, events.Event], bool]
 """One ``(state, trigger)`` entry of an engine: tries that trigger's transitions from that
 state, runs the first whose conditions hold (True), or leaves the actor untouched (False).
-A raising callback (a bug) leaves the actor untouched too: applied entirely or not at all."""
+A raising callback (a bug) may leave part of its changes: :meth:`ActorTable.advance` puts
+the actor back, so a live event is applied entirely or not at all."""
 
 
 class Engine(Protocol):
@@ -431,21 +432,12 @@ class Engine(Protocol):
         event's class is found faster than its ``type`` name, which lives on the class."""
         ...
 
-    @property
-    def logged_moves(self) -> Mapping[str, Mapping[type[events.Event], Move]]:
-        """:attr:`moves` for events read back from the log (:meth:`ActorTable.apply_logged`),
-        which may skip saving the actor for undo: the agent applied each of them once,
-        undo included, and the same callbacks on the same state do the same again. Should
-        one raise all the same (a bug), the replay fails as a whole and its table is not
-        used."""
-        ...
-
 
 def read_fields(actor: Actor) -> tuple[object, ...]:
     """Every persistent field of ``actor``, in :attr:`Actor.FIELDS` order (a test holds the
     two lists equal). Spelt out: slot reads compiled into the function cost a third of
-    ``attrgetter(*FIELDS)``'s generic lookups, and every transition with callbacks saves
-    the fields first."""
+    ``attrgetter(*FIELDS)``'s generic lookups, and every live event saves the fields first
+    (:meth:`ActorTable.advance`)."""
     a = actor
     return (
         a.actor_id,
@@ -481,17 +473,8 @@ def moves_from_fire(
 ) -> Mapping[str, Mapping[type[events.Event], Move]]:
     """The :attr:`Engine.moves` of an engine that only knows how to fire any trigger (the
     transitions reference): the spec says which triggers each state accepts."""
-
-    def move(actor: Actor, event: events.Event) -> bool:
-        saved = read_fields(actor)
-        try:
-            return fire(actor, event)
-        except BaseException:
-            restore_fields(actor, saved)
-            raise
-
     return {
-        state: {events.REGISTRY[trigger]: move for trigger in spec.accepts[state]}
+        state: {events.REGISTRY[trigger]: fire for trigger in spec.accepts[state]}
         for state in spec.state_names
     }
 
@@ -581,7 +564,6 @@ class ActorTable:
         self._spec = spec
         self._engine: Engine = engine if engine is not None else spec.interpreter
         self._moves = self._engine.moves
-        self._logged_moves = self._engine.logged_moves
         self._initial = spec.initial
         self._effects = spec.effects
         self._actors: dict[str, Actor] = {}
@@ -688,7 +670,13 @@ class ActorTable:
             raise self._not_accepted(event, source, known=True)
         actor.refusal = None
         actor.transition_reason = None
-        if not move(actor, event):
+        saved = read_fields(actor)
+        try:
+            moved = move(actor, event)
+        except BaseException:
+            restore_fields(actor, saved)  # a raising callback (a bug) changes nothing
+            raise
+        if not moved:
             raise self._no_transition(event, source)
         dest = actor.state
         if dest != source:
@@ -708,9 +696,9 @@ class ActorTable:
         on_other: Callable[[Any], None] | None = None,
     ) -> None:
         """Apply events read back from the log, in log order: what :meth:`advance` does
-        for each, through :attr:`Engine.logged_moves` (no undo), and without keeping the
-        per-state counts on the way (recounted once, when next asked for). Replay's and
-        recovery's hot path: a million events per second is the order of magnitude.
+        for each, through the same :attr:`Engine.moves`, without keeping the per-state
+        counts on the way (recounted once, when next asked for). Replay's and recovery's
+        hot path: a million events per second is the order of magnitude.
 
         An actor's :attr:`~Actor.entered_by` becomes the event that changed its state.
         ``trail``, when given, gets every applied event, its state before and its reason.
@@ -720,7 +708,7 @@ class ActorTable:
         applied (the caller discards the table).
         """
         actors_get = self._actors.get
-        moves = self._logged_moves
+        moves = self._moves
         keep = trail is not None
         if trail is not None:
             push_event, push_source = trail.events.append, trail.sources.append

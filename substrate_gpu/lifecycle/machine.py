@@ -8,7 +8,7 @@ a transition, unreachable states, dead ends, in-flight states that do not accept
 outcome of their effect, and any difference between the YAML and the typed names of
 :mod:`.names` (states, triggers, effects) or the effect registry (:mod:`.registry`).
 
-One interpreter evaluates the spec: :class:`Interpreter`, a dict table compiled from it
+One interpreter evaluates the spec: :class:`Interpreter`, a dict table built from it
 (``spec.interpreter``), used by the live pipeline, replay and recovery alike.
 :class:`TransitionsEngine` (transitions' **synchronous** ``Machine``; not ``AsyncMachine``,
 which swallows cancellation and timeouts, lets overlapping triggers cancel each other and
@@ -18,7 +18,6 @@ property tests over random event streams; it also renders the diagram.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import sys
 from collections import deque
@@ -133,7 +132,7 @@ class MachineSpec:
 
     @cached_property
     def interpreter(self) -> Interpreter:
-        """The compiled evaluation of this spec (one per spec, shared)."""
+        """The evaluation of this spec (one per spec, shared)."""
         return Interpreter(self)
 
     def candidates(self, source: str, trigger: str) -> tuple[TransitionSpec, ...]:
@@ -407,8 +406,6 @@ class TransitionsEngine:
         }
         self.moves = actors.moves_from_fire(spec, self.fire)
         """Every accepted ``(state, trigger)`` fires through transitions."""
-        self.logged_moves = self.moves
-        """The same (the reference is not on replay's hot path)."""
 
     def fire(self, actor: actors.Actor, event: events.Event) -> bool:
         """Fire ``event``'s trigger on ``actor``; False when no transition's conditions held."""
@@ -422,192 +419,73 @@ _Candidate = tuple[tuple[_Test, ...], tuple[_Test, ...], str | None, tuple[_Call
 
 class Interpreter:
     """THE evaluation of the machine: for every ``(state, trigger)`` the spec accepts, one
-    :data:`~substrate_gpu.lifecycle.actors.Move` compiled from its transitions, conditions
-    and callbacks bound to :class:`Actor`'s functions once.
+    :data:`~substrate_gpu.lifecycle.actors.Move` over that entry's transitions, their
+    conditions and callbacks bound to :class:`Actor`'s functions once.
 
     For the ``(state, trigger)``, the spec's transitions are tried in YAML order; the first
     whose ``conditions`` all hold and whose ``unless`` all fail sets ``dest`` (``=``: kept)
     and runs its ``after`` callbacks, as transitions' ``Machine`` does. The live pipeline,
     replay and recovery all use it (through :class:`~substrate_gpu.lifecycle.actors.ActorTable`).
 
-    Speed (replay feeds a million events through it): a move is a closure specialised to
-    its entry's shape (one unguarded transition with or without callbacks, or guarded ones),
-    the table is looked up by the state and the event's class with no tuple built, and the
-    actor's fields are saved for undo only when callbacks run (conditions only read). Events
-    read back from the log go through :attr:`logged_moves`, which save nothing: the agent
-    applied each of them once already, with the undo.
+    A plain loop over the entry's transitions: closures specialised to each entry's shape,
+    decision tables and an undo-free table for replay were measured against it and did not
+    pay (issue 24: agent events/s and recovery of a 1,000,000-event log moved by less
+    than 20%; docs/architecture.md has the figures).
     """
 
     def __init__(self, spec: MachineSpec) -> None:
         actor = actors.Actor
-        table = {
+        self.moves: dict[str, dict[type[events.Event], actors.Move]] = {
             source: {
-                events.REGISTRY[trigger]: tuple(
-                    (
-                        tuple(getattr(actor, name) for name in t.conditions),
-                        tuple(getattr(actor, name) for name in t.unless),
-                        t.dest,
-                        tuple(getattr(actor, name) for name in t.after),
+                events.REGISTRY[trigger]: _move(
+                    tuple(
+                        (
+                            tuple(getattr(actor, name) for name in t.conditions),
+                            tuple(getattr(actor, name) for name in t.unless),
+                            t.dest,
+                            tuple(getattr(actor, name) for name in t.after),
+                        )
+                        for t in spec.candidates(source, trigger)
                     )
-                    for t in spec.candidates(source, trigger)
                 )
                 for trigger in sorted(spec.accepts[source])
             }
             for source in spec.state_names
         }
-        self.moves: dict[str, dict[type[events.Event], actors.Move]] = {
-            source: {kind: _compile(c, undo=True) for kind, c in entries.items()}
-            for source, entries in table.items()
-        }
-        """State -> event class (its trigger) -> its compiled move."""
-        self.logged_moves: dict[str, dict[type[events.Event], actors.Move]] = {
-            source: {kind: _compile(c, undo=False) for kind, c in entries.items()}
-            for source, entries in table.items()
-        }
-        """The same moves without the undo, for events the agent already applied once
-        (replay: see :attr:`~substrate_gpu.lifecycle.actors.Engine.logged_moves`)."""
-
-    def fire(self, actor: actors.Actor, event: events.Event) -> bool:
-        """Fire ``event``'s trigger on ``actor``; False when no transition's conditions held
-        (the trigger must be accepted in the actor's state: see :attr:`moves`)."""
-        return self.moves[actor.state][type(event)](actor, event)
+        """State -> event class (its trigger) -> its move."""
 
 
-_read_fields = actors.read_fields
+def _move(candidates: tuple[_Candidate, ...]) -> actors.Move:
+    """One ``(state, trigger)``'s move: the first of ``candidates`` whose guards hold enters
+    its dest and runs its callbacks (True); none holds: nothing changes (False). Undoing a
+    raising callback is the caller's (:meth:`ActorTable.advance`)."""
 
-
-def _compile(candidates: tuple[_Candidate, ...], *, undo: bool) -> actors.Move:
-    """One ``(state, trigger)``'s move, specialised to the shape of its transitions;
-    ``undo``: the actor's fields are saved before callbacks run and put back if one raises.
-
-    Guarded transitions become a decision table: each condition the entry names is
-    evaluated once (conditions only read, so evaluating one a transition would not have
-    reached changes nothing), and the results index the table, which holds for every
-    combination the commit of the first transition that fires (YAML order), or a refusal.
-    """
-    commits = [_commit_of(dest, after, undo=undo) for _, _, dest, after in candidates]
-    first_conditions, first_unless, _, _ = candidates[0]
-    if len(candidates) == 1 and not first_conditions and not first_unless:
-        return commits[0]
-    tests: list[_Test] = []
-    for conditions, unless, _, _ in candidates:
-        tests += [t for t in (*conditions, *unless) if t not in tests]
-    table: list[actors.Move] = []
-    for results in itertools.product((False, True), repeat=len(tests)):
-        holds = dict(zip(tests, results, strict=True))
-        table.append(
-            next(
-                (
-                    commit
-                    for (conditions, unless, _, _), commit in zip(candidates, commits, strict=True)
-                    if all(holds[t] for t in conditions) and not any(holds[t] for t in unless)
-                ),
-                _refuse,
-            )
-        )
-    return _decide(tuple(tests), tuple(table))
-
-
-def _decide(tests: tuple[_Test, ...], table: tuple[actors.Move, ...]) -> actors.Move:
-    """The move that evaluates ``tests`` (each returns a bool; the first is the most
-    significant bit of the table's index) and runs the commit ``table`` holds for the
-    results. One, two and three tests are spelt out (the YAML has no more per entry)."""
-    if len(tests) == 1:
-        (test,) = tests
-
-        def one(actor: actors.Actor, event: events.Event) -> bool:
-            return table[test(actor, event)](actor, event)
-
-        return one
-    if len(tests) == 2:
-        first, second = tests
-
-        def two(actor: actors.Actor, event: events.Event) -> bool:
-            return table[first(actor, event) * 2 + second(actor, event)](actor, event)
-
-        return two
-    if len(tests) == 3:
-        first, second, third = tests
-
-        def three(actor: actors.Actor, event: events.Event) -> bool:
-            index = first(actor, event) * 4 + second(actor, event) * 2 + third(actor, event)
-            return table[index](actor, event)
-
-        return three
-
-    def many(actor: actors.Actor, event: events.Event) -> bool:
-        index = 0
-        for test in tests:
-            index = index * 2 + test(actor, event)
-        return table[index](actor, event)
-
-    return many
-
-
-def _commit_of(dest: str | None, after: tuple[_Callback, ...], *, undo: bool) -> actors.Move:
-    """Enter ``dest`` (None: stay) and run ``after``: a closure specialised to its shape
-    (calling one costs about half of calling a ``functools.partial``). ``undo``: the
-    actor's fields are saved first and put back, entirely, if a callback raises."""
-    if undo and after:
-
-        def commit(actor: actors.Actor, event: events.Event) -> bool:
-            saved = _read_fields(actor)
-            try:
+    def move(actor: actors.Actor, event: events.Event) -> bool:
+        for conditions, unless, dest, after in candidates:
+            if _holds(conditions, unless, actor, event):
                 if dest is not None:
                     actor.state = dest
                 for callback in after:
                     callback(actor, event)
-            except BaseException:
-                actors.restore_fields(actor, saved)
-                raise
-            return True
-
-        return commit
-    if not after:
-        if dest is None:
-            return _stay
-        state: str = dest
-
-        def enter(actor: actors.Actor, event: events.Event) -> bool:
-            actor.state = state
-            return True
-
-        return enter
-    if len(after) == 1:
-        (callback,) = after
-        if dest is None:
-
-            def stay_then(actor: actors.Actor, event: events.Event) -> bool:
-                callback(actor, event)
                 return True
+        return False
 
-            return stay_then
-        entered: str = dest
-
-        def enter_then(actor: actors.Actor, event: events.Event) -> bool:
-            actor.state = entered
-            callback(actor, event)
-            return True
-
-        return enter_then
-
-    def enter_then_all(actor: actors.Actor, event: events.Event) -> bool:
-        if dest is not None:
-            actor.state = dest
-        for each in after:
-            each(actor, event)
-        return True
-
-    return enter_then_all
+    return move
 
 
-def _refuse(actor: actors.Actor, event: events.Event) -> bool:
-    """No transition's conditions hold: nothing changes."""
-    return False
-
-
-def _stay(actor: actors.Actor, event: events.Event) -> bool:
-    """A reflexive transition with no guard and no callback: nothing changes."""
+def _holds(
+    conditions: tuple[_Test, ...],
+    unless: tuple[_Test, ...],
+    actor: actors.Actor,
+    event: events.Event,
+) -> bool:
+    """Every one of ``conditions`` holds and none of ``unless`` does (conditions only read)."""
+    for test in conditions:
+        if not test(actor, event):
+            return False
+    for test in unless:  # noqa: SIM110 (a loop: any() over a generator costs twice as much)
+        if test(actor, event):
+            return False
     return True
 
 

@@ -6,7 +6,7 @@
    GPU actors run, are probed on suspend, suspend a live CUDA context through the exec
    route, restore and resume it, suspend again with no context, and are deleted; CPU
    actors run, have a suspend refused for a live context, suspend, restore and are deleted.
-   The core (``ActorTable.apply`` over the compiled :class:`Interpreter`, what the agent,
+   The core (``ActorTable.apply`` over the :class:`Interpreter`, what the agent,
    replay and recovery run) is printed next to the same table over a plain dict-table
    floor (names looked up per event, no compilation) and over transitions' ``Machine`` (the
    reference); target: core ≥ 0.5× floor.
@@ -93,7 +93,6 @@ class PlainTableEngine:
             for (source, trigger), candidates in spec._by_source_trigger.items()
         }
         self.moves = actors.moves_from_fire(spec, self.fire)
-        self.logged_moves = self.moves
 
     def fire(self, actor: actors.Actor, event: events.Event) -> bool:
         for conditions, unless, dest, after in self._table[(actor.state, event.type)]:

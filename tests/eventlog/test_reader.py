@@ -10,18 +10,10 @@ import pytest
 
 from eventlog import logs
 from substrate_gpu import eventlog
-from substrate_gpu.eventlog import EventLog, read_log, reader
+from substrate_gpu.eventlog import EventLog, read_log
 from substrate_gpu.lifecycle import events
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(autouse=True, params=[None, 7, 64], ids=["4MiB-pieces", "7B-pieces", "64B-pieces"])
-def read_size(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The reader reads a log a piece at a time: every test here holds whatever the piece
-    size, lines cut across pieces and lines longer than a piece (the buffer grows) included."""
-    if request.param is not None:
-        monkeypatch.setattr(reader, "_READ_BYTES", request.param)
 
 
 def _good(path: Path) -> list[str]:
@@ -128,7 +120,7 @@ def test_two_objects_on_a_line_and_a_blank_line_do_not_cancel_out(log_path: Path
 
 
 def test_corruption_deep_in_a_big_log_names_the_right_line(log_path: Path) -> None:
-    """The chunked fast parser falls back to per-line parsing to find the bad line."""
+    """The one-call decoder falls back to per-line parsing to find the bad line."""
     lines = [logs.header(), *(logs.registered(f"a{i}", i + 1) for i in range(5000))]
     lines[4321] = lines[4321][:-3]
     logs.write_lines(log_path, *lines)
