@@ -1,8 +1,9 @@
-"""Render the lifecycle diagram from ``machines/actor.yaml`` into the docs.
+"""Render what is derived from ``machines/actor.yaml``: the diagram and the compiled form.
 
-``python -m substrate_gpu.lifecycle.diagram`` rewrites ``docs/lifecycle.mmd`` and the
-mermaid block of ``docs/architecture.md`` (between the markers below). A test fails when
-either is stale, so the picture can never drift from the machine.
+``python -m substrate_gpu.lifecycle.diagram`` rewrites ``docs/lifecycle.mmd``, the mermaid
+block of ``docs/architecture.md`` (between the markers below) and
+``machines/actor.compiled.json`` (:func:`substrate_gpu.lifecycle.machine.compiled_path`). A
+test fails when any of them is stale, so neither can drift from the machine.
 """
 
 from __future__ import annotations
@@ -28,12 +29,20 @@ def embed(markdown: str, diagram: str) -> str:
     return f"{head}{START}\n```mermaid\n{diagram}```\n{END}{tail}"
 
 
+def compiled(path: Path = machine.DEFAULT_MACHINE) -> str:
+    """The compiled form of the machine at ``path``, from its YAML."""
+    text = path.read_text(encoding="utf-8")
+    return machine.compile_spec(text, machine.read_yaml(path, text))
+
+
 def main() -> int:
-    """Write the diagram files; print what changed."""
+    """Write the diagram files and the compiled machine; print what was written."""
+    compiled_path = machine.compiled_path(machine.DEFAULT_MACHINE)
+    compiled_path.write_text(compiled(), encoding="utf-8")
     diagram = machine.render_mermaid(machine.load_spec())
     MMD.write_text(diagram, encoding="utf-8")
     ARCHITECTURE.write_text(embed(ARCHITECTURE.read_text(encoding="utf-8"), diagram), "utf-8")
-    sys.stdout.write(f"wrote {MMD} and the diagram in {ARCHITECTURE}\n")
+    sys.stdout.write(f"wrote {compiled_path}, {MMD} and the diagram in {ARCHITECTURE}\n")
     return 0
 
 

@@ -18,6 +18,7 @@ property tests over random event streams; it also renders the diagram.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections import deque
@@ -27,10 +28,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
-from transitions import Machine
-
-from substrate_gpu import _yaml
 from substrate_gpu.lifecycle import actors, errors, events, names, registry
 
 #: Where ``machines/actor.yaml`` is found, in order: a source checkout (the repository
@@ -42,6 +39,9 @@ MACHINE_CANDIDATES = (
     Path(sys.prefix) / "share" / "substrate-gpu" / "machines" / "actor.yaml",
 )
 DEFAULT_MACHINE = next((p for p in MACHINE_CANDIDATES if p.is_file()), MACHINE_CANDIDATES[0])
+
+#: Format of the compiled form (:func:`compiled_path`).
+COMPILED_FORMAT = "substrate-gpu-machine-compiled"
 
 # transitions logs every trigger at INFO: far too chatty for 100k actors.
 logging.getLogger("transitions").setLevel(logging.WARNING)
@@ -162,16 +162,69 @@ def _names(raw: object, path: Path, where: str, key: str) -> tuple[str, ...]:
     raise _fail(path, where, f"{key} must be a name or a list of names, got {raw!r}")
 
 
-def load_spec(path: Path = DEFAULT_MACHINE) -> MachineSpec:
-    """Read and validate the lifecycle YAML at ``path``."""
+def compiled_path(path: Path) -> Path:
+    """The compiled form of the machine at ``path``: ``actor.yaml`` -> ``actor.compiled.json``.
+
+    The YAML parsed once, as JSON, beside the YAML text it came from. Importing and running
+    PyYAML is ~27 ms of every command that replays a log (``replay``, the agent's
+    recovery); reading the JSON is 0.2 ms. It is used only when the text it records is the
+    YAML's text exactly, so an edited YAML is never shadowed by an old compiled form (it is
+    then parsed as YAML: slower, never wrong), and a test fails while it is out of date
+    (``python -m substrate_gpu.lifecycle.diagram`` rewrites it).
+    """
+    return path.with_name(path.name.removesuffix(".yaml") + ".compiled.json")
+
+
+def compile_spec(text: str, document: object) -> str:
+    """The compiled form's text for the YAML ``text`` parsed as ``document``.
+
+    Raises :class:`~substrate_gpu.lifecycle.errors.MachineDefinitionError` when the document
+    does not survive JSON unchanged (a YAML date or a non-string key would)."""
+    body = {"format": COMPILED_FORMAT, "source": text, "document": document}
+    encoded = json.dumps(body, indent=1, sort_keys=True) + "\n"
+    if json.loads(encoded)["document"] != document:
+        raise errors.MachineDefinitionError(
+            "the lifecycle machine holds values JSON cannot carry unchanged; keep it to "
+            "strings, numbers, booleans, lists and string-keyed mappings"
+        )
+    return encoded
+
+
+def _compiled_document(path: Path, text: str) -> object | None:
+    """The document of ``path``'s compiled form when it was compiled from ``text``."""
     try:
-        raw = _yaml.safe_load(path.read_text(encoding="utf-8"))
+        body = json.loads(compiled_path(path).read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(body, dict) or body.get("format") != COMPILED_FORMAT:
+        return None
+    return body.get("document") if body.get("source") == text else None
+
+
+def read_yaml(path: Path, text: str) -> object:
+    """``text`` (the machine at ``path``) parsed as YAML."""
+    import yaml  # noqa: PLC0415 - only when there is no current compiled form
+
+    from substrate_gpu import _yaml  # noqa: PLC0415
+
+    try:
+        return _yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise _fail(path, "YAML", str(e)) from e
+
+
+def load_spec(path: Path = DEFAULT_MACHINE) -> MachineSpec:
+    """Read and validate the lifecycle YAML at ``path`` (through its compiled form when
+    that is current: :func:`compiled_path`). Validation runs on either."""
+    try:
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise errors.MachineDefinitionError(
             f"cannot read lifecycle machine {path}: {e.strerror or e}"
         ) from e
-    except yaml.YAMLError as e:
-        raise _fail(path, "YAML", str(e)) from e
+    raw = _compiled_document(path, text)
+    if raw is None:
+        raw = read_yaml(path, text)
     return parse_spec(raw, path)
 
 
@@ -400,6 +453,8 @@ class TransitionsEngine:
         # model=None: no model is registered (no add_model scan, no bound trigger partials);
         # Event.trigger(actor, event) works on any object with a ``state`` attribute and
         # passes the event on to every condition and callback.
+        from transitions import Machine  # noqa: PLC0415 - the reference, not the live path
+
         self.machine = Machine(model=None, **_machine_config(spec))
         self._triggers: dict[str, Callable[[actors.Actor, events.Event], bool]] = {
             name: event.trigger for name, event in self.machine.events.items()

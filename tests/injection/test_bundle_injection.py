@@ -158,17 +158,39 @@ def test_edits_without_device_nodes_are_refused(actor_bundle, options):
     [
         pytest.param(b"{not json", "not valid JSON", id="torn"),
         pytest.param(b"[]", "not a JSON object", id="array"),
+        # Strict JSON, as runc (Go) reads it: Python's json alone would take each of these.
+        pytest.param(b'{"a": NaN}', "not valid JSON: NaN is not JSON", id="nan"),
+        pytest.param(b'{"a": -Infinity}', "not valid JSON: -Infinity is not JSON", id="inf"),
+        pytest.param(b'{"a": 1e400}', "not valid JSON: the number 1e400 is out", id="huge"),
+        pytest.param(b'{"a": "\\ud800"}', "not valid JSON: .*surrogate", id="lone-surrogate"),
+        pytest.param(b'{"a": "\xff"}', "not valid JSON: .*utf-8", id="not-utf-8"),
+        pytest.param('{"a": 1}'.encode("utf-16"), "not valid JSON", id="utf-16"),
+        pytest.param(b'\xef\xbb\xbf{"a": 1}', "not valid JSON: .*BOM", id="bom"),
     ],
 )
 def test_unreadable_config_is_a_clear_error(tmp_path, node_edits, options, content, problem):
-    """A broken config.json is refused with the file named."""
+    """A broken config.json is refused with the file named, and left as it was."""
     (tmp_path / "config.json").write_bytes(content)
     with pytest.raises(exceptions.InjectionError, match=problem):
         inject(tmp_path, node_edits, options)
+    assert (tmp_path / "config.json").read_bytes() == content
+
+
+def test_config_is_written_as_compact_utf8(actor_bundle, node_edits, options):
+    """config.json is rewritten compact, non-ASCII as UTF-8 (not \\u escapes), as runc and
+    containerd write it."""
+    config = json.loads((actor_bundle / "config.json").read_text())
+    config["annotations"] = {"note": "café \u2028 ✓"}
+    (actor_bundle / "config.json").write_text(json.dumps(config))
+    inject(actor_bundle, node_edits, options)
+    written = (actor_bundle / "config.json").read_bytes()
+    assert "café \u2028 ✓".encode() in written
+    assert b": " not in written and b", " not in written
+    assert json.loads(written)["annotations"] == {"note": "café \u2028 ✓"}
 
 
 def test_deeply_nested_config_is_a_clear_error(tmp_path, node_edits, options):
-    """100,000 nested [ (msgspec's RecursionError) is an InjectionError naming the file."""
+    """100,000 nested [ (json's RecursionError) is an InjectionError naming the file."""
     (tmp_path / "config.json").write_bytes(b"[" * 100_000)
     with pytest.raises(exceptions.InjectionError, match=r"config.json .*nested too deeply"):
         inject(tmp_path, node_edits, options)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
+import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -212,3 +215,77 @@ def test_diagram_is_mermaid_from_transitions() -> None:
     assert "running --> checkpointing: suspend_requested [!is_gpu & !has_live_context]" in rendered
     assert "running --> probing: suspend_requested [is_gpu & !refuses_gpu_suspend]" in rendered
     assert "suspend_requested [has_live_context & !is_gpu]" in rendered
+
+
+def test_checked_in_compiled_machine_is_current() -> None:
+    """machines/actor.compiled.json is what the YAML compiles to today."""
+    path = machine.compiled_path(machine.DEFAULT_MACHINE)
+    assert path.read_text(encoding="utf-8") == diagram.compiled(), (
+        f"{path} is stale: run python -m substrate_gpu.lifecycle.diagram"
+    )
+
+
+def test_the_compiled_form_spares_pyyaml() -> None:
+    """With a current compiled form, loading the machine never imports PyYAML."""
+    code = (
+        "import sys\n"
+        "from substrate_gpu.lifecycle import machine\n"
+        "spec = machine.load_spec()\n"
+        "assert spec.initial == 'new', spec.initial\n"
+        "print(sorted(m for m in sys.modules if m == 'yaml' or m.startswith('yaml.')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"
+
+
+def _copy_machine(tmp_path: Path) -> Path:
+    yaml_copy = tmp_path / "actor.yaml"
+    yaml_copy.write_bytes(machine.DEFAULT_MACHINE.read_bytes())
+    machine.compiled_path(yaml_copy).write_bytes(
+        machine.compiled_path(machine.DEFAULT_MACHINE).read_bytes()
+    )
+    return yaml_copy
+
+
+def test_an_edited_yaml_is_never_shadowed_by_its_old_compiled_form(tmp_path: Path) -> None:
+    """The compiled form is used only for the very text it was compiled from."""
+    yaml_copy = _copy_machine(tmp_path)
+    text = yaml_copy.read_text(encoding="utf-8")
+    marker = "description: The sandbox runs."
+    assert marker in text
+    yaml_copy.write_text(text.replace(marker, "description: Edited, not compiled."), "utf-8")
+    spec = machine.load_spec(yaml_copy)
+    assert next(s for s in spec.states if s.name == "running").description == (
+        "Edited, not compiled."
+    )
+
+
+def test_the_compiled_document_is_what_load_spec_uses(tmp_path: Path) -> None:
+    """A current compiled form is read instead of the YAML (its document, not the text)."""
+    yaml_copy = _copy_machine(tmp_path)
+    compiled = machine.compiled_path(yaml_copy)
+    body = json.loads(compiled.read_text(encoding="utf-8"))
+    for state in body["document"]["states"]:
+        if state["name"] == "running":
+            state["description"] = "From the compiled form."
+    compiled.write_text(json.dumps(body), encoding="utf-8")
+    spec = machine.load_spec(yaml_copy)
+    assert next(s for s in spec.states if s.name == "running").description == (
+        "From the compiled form."
+    )
+
+
+@pytest.mark.parametrize("garbage", ["", "{", "[]", '{"format": "other"}'])
+def test_an_unusable_compiled_form_falls_back_to_the_yaml(tmp_path: Path, garbage: str) -> None:
+    """A compiled form that is empty, not JSON or not ours is ignored: the YAML is read."""
+    yaml_copy = _copy_machine(tmp_path)
+    machine.compiled_path(yaml_copy).write_text(garbage, encoding="utf-8")
+    assert machine.load_spec(yaml_copy).initial == "new"
+
+
+def test_compiling_refuses_values_json_would_change() -> None:
+    """A YAML date (or a non-string key) would come back different from JSON: refused."""
+    with pytest.raises(errors.MachineDefinitionError, match="JSON cannot carry unchanged"):
+        machine.compile_spec("x: 1", {1: "one"})
