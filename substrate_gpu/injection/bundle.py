@@ -197,9 +197,7 @@ def _read_config(bundle: Path) -> tuple[oci.OciConfig, int]:
         ) from e
     try:
         # Strict JSON, as runc reads it: no NaN/Infinity, no number beyond a double.
-        config = json.loads(
-            raw.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite
-        )
+        config = json.loads(raw.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite)
         # A lone surrogate escape (\ud800) decodes but could never be written back.
         encode_config(config)
     except (ValueError, UnicodeError) as e:
