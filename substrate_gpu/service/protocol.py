@@ -205,7 +205,15 @@ EXTERNAL_TYPES: Final[tuple[str, ...]] = tuple(
 
 
 class _Envelope(msgspec.Struct):
-    """The keys of a request line the event types cannot tell apart from their defaults."""
+    """The keys of a request line the event types cannot tell apart from their defaults.
+
+    A well-formed request is decoded twice, as its event and as this envelope (``v`` given,
+    ``seq`` absent), on purpose. Measured per line (actor_registered / run_requested): the
+    envelope pass is 0.36 / 0.22 µs of parse_request's 2.6 / 1.0 µs. The one-pass
+    alternative, a request subclass of every external event with ``v`` required and
+    ``seq`` captured, decodes in 1.0 µs alone and must then build the event again (2.5 µs
+    in all): more types, slower, and no figure a client sees moves (issue 24).
+    """
 
     type: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     v: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
