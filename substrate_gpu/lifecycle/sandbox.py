@@ -28,7 +28,8 @@ Decisions worth knowing (seen on the pinned runsc, ``tests/runsc/test_real_sandb
   same image (the sandbox resumes after the last one). **delete**: apps first, ``_pause``
   last; once the sandbox has exited, deleting an app fails ("connection refused", exit 128)
   and deleting ``_pause`` clears them all, so an app's failure is retried after ``_pause``'s.
-- **A failure part-way** deletes what was made (apps first, ``_pause`` last) and raises
+- **A failure part-way** (of create, start or restore) deletes what was made (apps first,
+  ``_pause`` last) and raises
   :class:`SandboxError` naming the container: the effect's outcome lands on the machine's
   failure transition with that reason, and no container is left behind.
 """
@@ -197,11 +198,14 @@ async def create(sandbox: Sandbox, *, nvproxy: bool) -> None:
 
 
 async def start(sandbox: Sandbox) -> None:
-    """``start`` each app container, in order (``_pause`` runs since ``create``)."""
+    """``start`` each app container, in order (``_pause`` runs since ``create``). On a
+    failure the whole sandbox is deleted (a part-started one is no actor's state) and
+    :class:`SandboxError` raised."""
     for name in sandbox.apps:
         try:
             await sandbox.runtime.start(name)
         except exceptions.SubstrateGpuError as e:
+            await delete_quietly(sandbox)
             raise _failed(sandbox, "starting", name, e) from e
 
 
