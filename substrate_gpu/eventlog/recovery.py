@@ -61,7 +61,7 @@ from typing import Literal
 
 from substrate_gpu import exceptions
 from substrate_gpu.eventlog import errors, reader, replayer, seqmark
-from substrate_gpu.lifecycle import actors, events, machine, registry
+from substrate_gpu.lifecycle import actors, effects, events, machine, registry
 from substrate_gpu.lifecycle.agent import ResumePoint
 from substrate_gpu.runsc import api as runsc
 
@@ -268,11 +268,11 @@ async def recover(
             said = "not asked"
         else:
             status, said = await _status(runtime, actor_id)
-        image = (
-            checkpoint_root / actor_id / str(cause.seq)
-            if effect == "checkpoint" and checkpoint_root is not None
-            else None
-        )
+        image = None
+        if effect == "checkpoint" and view.checkpoint_target:
+            image = Path(view.checkpoint_target)  # the suspend chose it (no root needed)
+        elif effect == "checkpoint" and checkpoint_root is not None:
+            image = effects.checkpoint_image(checkpoint_root, view, cause.seq)
         decision = decide(
             view,
             effect,

@@ -38,13 +38,15 @@ VERSION: Final = 1
 _VIEW_FIELDS: Final[dict[str, str]] = dict(ActorView.__annotations__)
 #: Fields an older snapshot may lack (they have defaults, as in older event versions).
 _VIEW_OPTIONAL: Final = frozenset(
-    f.name for f in msgspec.structs.fields(ActorView) if f.default is not msgspec.NODEFAULT
+    f.name for f in msgspec.structs.fields(ActorView) if not f.required
 )
 _VIEW_CHECKS: Final = {
     "str": lambda x: isinstance(x, str),
     "int": lambda x: type(x) is int,
     "bool": lambda x: type(x) is bool,
     "str | None": lambda x: x is None or isinstance(x, str),
+    "tuple[str, ...]": lambda x: isinstance(x, list) and all(isinstance(i, str) for i in x),
+    "dict[str, str]": lambda x: isinstance(x, dict) and all(isinstance(v, str) for v in x.values()),
 }
 
 
@@ -133,6 +135,9 @@ def _parse(data: object, seq: int) -> Snapshot:
         for name, kind in _VIEW_FIELDS.items():
             if name in raw and not _VIEW_CHECKS[kind](raw[name]):
                 raise ValueError(f"snapshot actors[{i}].{name} must be {kind}, got {raw[name]!r}")
-        views.append(ActorView(**raw))
+        fields = dict(raw)
+        if "containers" in fields:
+            fields["containers"] = tuple(fields["containers"])  # a JSON list
+        views.append(ActorView(**fields))
     causes = {str(a): format.decode_event(e) for a, e in raw_causes.items()}
     return Snapshot(seq=seq, actors=tuple(views), causes=causes)

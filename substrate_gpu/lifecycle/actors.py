@@ -69,6 +69,9 @@ class Actor:
         "gpu_devices",
         "gpu_next",
         "uses_allocator",
+        "containers",
+        "identity",
+        "checkpoint_target",
     )
     __slots__ = (*FIELDS, "entered_by", "refusal", "transition_reason")
 
@@ -109,10 +112,18 @@ class Actor:
         self.gpu_devices = ""
         """The GPUs last allocated, comma-separated (held while the state ``holds_gpus``)."""
         self.gpu_next = ""
+        """Where ``allocating`` leads once GPUs are granted: ``run`` or ``restore``."""
         self.uses_allocator = False
         """GPUs come from the worker's allocator (registered by ``actor_registered`` v2+;
         a v1 registration, from a log older than allocation, got all GPUs unallocated)."""
-        """Where ``allocating`` leads once GPUs are granted: ``run`` or ``restore``."""
+        self.containers: tuple[str, ...] = ()
+        """A sandbox actor's app containers, in order (``_pause`` implied); empty: one
+        container whose id is the actor id."""
+        self.identity: dict[str, str] = {}
+        """The registration's opaque identity (never mutated: replaced whole)."""
+        self.checkpoint_target = ""
+        """Where the current suspend writes its checkpoint (``suspend_requested``'s
+        ``image_path``), or empty: ``<checkpoint_root>/<actor>/<seq>``."""
         self.refusal: str | None = None
         """Set by the applied transition: the bounded refusal reason, if it is one."""
         self.transition_reason: str | None = None
@@ -207,6 +218,8 @@ class Actor:
         self.uses_allocator = event.allocates_gpus
         self.bundle = event.bundle
         self.suspend_policy = event.suspend_policy
+        self.containers = event.containers
+        self.identity = event.identity
 
     def allocate_to_run(self, event: events.Event) -> None:
         """Once GPUs are granted, inject them and create the sandbox."""
@@ -337,6 +350,11 @@ class Actor:
         """A new suspend starts: no route chosen yet."""
         self.suspend_route = ""
 
+    def remember_checkpoint_target(self, event: events.Event) -> None:
+        """A new suspend starts: where its checkpoint goes (``image_path``, else default)."""
+        assert isinstance(event, events.SuspendRequested)
+        self.checkpoint_target = event.image_path or ""
+
     def remember_cuda_pids(self, event: events.Event) -> None:
         """The sandbox pids whose CUDA state was checkpointed (to resume them later)."""
         assert isinstance(event, events.CudaSuspended | events.CudaSuspendFailed)
@@ -373,7 +391,8 @@ class ActorView(msgspec.Struct, frozen=True, gc=False):
     """A read-only snapshot of an :class:`Actor` (fields in :attr:`Actor.FIELDS` order).
 
     A msgspec ``Struct``: built in C (a frozen dataclass of 19 fields cost 25 times more,
-    and replay builds one per actor); strings, numbers and None only, so no GC tracking.
+    and replay builds one per actor); strings, numbers, None, a tuple of strings and a dict
+    of strings only (nothing that can hold a view), so no GC tracking.
     """
 
     actor_id: str
@@ -395,6 +414,9 @@ class ActorView(msgspec.Struct, frozen=True, gc=False):
     gpu_devices: str = ""
     gpu_next: str = ""
     uses_allocator: bool = False
+    containers: tuple[str, ...] = ()
+    identity: dict[str, str] = msgspec.field(default_factory=dict)
+    checkpoint_target: str = ""
 
 
 def _methods(returns: str) -> frozenset[str]:
@@ -459,6 +481,9 @@ def read_fields(actor: Actor) -> tuple[object, ...]:
         a.gpu_devices,
         a.gpu_next,
         a.uses_allocator,
+        a.containers,
+        a.identity,
+        a.checkpoint_target,
     )
 
 

@@ -31,7 +31,9 @@ Decisions worth knowing:
   preflight first (``preflight_refused`` / ``restore_refused``: no sandbox was made), and
   ``restore`` checks the image's manifest against this node.
 - Each checkpoint goes to a fresh directory ``<checkpoint_root>/<actor>/<seq>``: a failed
-  attempt never overwrites the last good image the actor can be recovered from.
+  attempt never overwrites the last good image the actor can be recovered from. A suspend
+  naming its ``image_path`` writes there instead, refused (``checkpoint_failed``, the
+  sandbox untouched) when that directory already holds a ``checkpoint.img``.
 - A successful checkpoint is followed by ``delete --force`` (``--leave-running`` resumed the
   sandbox; without it the stopped container still holds the id a restore needs).
 """
@@ -302,6 +304,14 @@ async def _features_of(runtime: runsc.SandboxRuntime, container_id: str) -> runs
     return await runtime.features()
 
 
+def checkpoint_image(checkpoint_root: Path, actor: ActorView, seq: int) -> Path:
+    """Where the checkpoint entered by the event of ``seq`` goes: the suspend's
+    ``image_path``, else a fresh ``<checkpoint_root>/<actor>/<seq>``."""
+    if actor.checkpoint_target:
+        return Path(actor.checkpoint_target)
+    return checkpoint_root / actor.actor_id / str(seq)
+
+
 async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
     """Checkpoint and stop the sandbox (via runsc's cuda-checkpoint on that route)."""
     actor_id = actor.actor_id
@@ -310,8 +320,16 @@ async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) 
         if ctx.gpu is not None and actor.suspend_route == events.ROUTE_RUNSC
         else None
     )
+    image = checkpoint_image(ctx.checkpoint_root, actor, event.seq)
+    if actor.checkpoint_target and (image / "checkpoint.img").exists():
+        # A directory the caller chose: never overwrite (or mix into) an image in it.
+        return events.CheckpointFailed(
+            actor_id=actor_id,
+            message=f"while checkpointing into {image}: it already holds a checkpoint "
+            "(checkpoint.img); ask for an empty directory",
+            sandbox_survived=True,
+        )
     features = await _features_of(ctx.runtime, actor_id)
-    image = ctx.checkpoint_root / actor_id / str(event.seq)
     try:
         await ctx.runtime.checkpoint(
             actor_id,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import re
 import time
 import typing
 from collections.abc import Iterable, Mapping
@@ -174,6 +175,17 @@ def register(cls: E) -> E:
 # --- external events: from the node agent --------------------------------------------------
 
 
+#: The root container of a multi-container sandbox (implied, never listed in ``containers``).
+PAUSE_CONTAINER: Final = "_pause"
+#: What an app container's name may be: it becomes a runsc container id and a directory
+#: name under the actor's bundle directory (``_pause`` cannot match: it starts with ``_``).
+CONTAINER_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+#: The most app containers one sandbox may name (a bound for the door, not a runsc limit).
+CONTAINERS_MAX: Final = 64
+#: The most identity entries a registration may carry (upstream sends five).
+IDENTITY_MAX: Final = 32
+
+
 @register
 class ActorRegistered(Event, frozen=True, kw_only=True, tag="actor_registered"):
     """The node agent knows a new actor.
@@ -182,13 +194,20 @@ class ActorRegistered(Event, frozen=True, kw_only=True, tag="actor_registered"):
     line (written before allocation existed) keeps its meaning: all of the worker's GPUs,
     injected without allocation (:attr:`allocates_gpus` is False), so old logs replay as
     they were written.
+
+    Version 3 (sandboxes, issue 23): ``containers`` names the app containers of a
+    multi-container sandbox and ``identity`` carries the caller's opaque identity. A v1 or
+    v2 line has neither (both empty: a single-container actor, as it was written); one that
+    carries them is refused, so an older agent's meaning is never silently extended.
     """
 
-    v: Literal[1, 2] = 2  # type: ignore[assignment]  # reads v1 and v2 (see above)
+    v: Literal[1, 2, 3] = 3  # type: ignore[assignment]  # reads v1 to v3 (see above)
     gpu: bool
     """The actor's pool requests GPUs: inject them and use nvproxy."""
     bundle: str
-    """The OCI bundle directory of the actor's container."""
+    """The OCI bundle directory of the actor's container; for a sandbox (``containers``
+    given), the directory holding one bundle per container: ``<bundle>/_pause/`` and
+    ``<bundle>/<name>/`` for each app container."""
     suspend_policy: SuspendPolicy = "auto"
     """The pool's GPU suspend policy: ``auto`` suspends a live CUDA context through the best
     route the node has (refusing when there is none), ``refuse`` always refuses while a
@@ -199,6 +218,13 @@ class ActorRegistered(Event, frozen=True, kw_only=True, tag="actor_registered"):
     gpu_names: tuple[str, ...] = ()
     """Fully qualified CDI names (``nvidia.com/gpu=0``, ``nvidia.com/gpu=GPU-<uuid>``, a DRA
     claim's names): exactly these GPUs. Optional: older logs read as none."""
+    containers: Annotated[tuple[str, ...], msgspec.Meta(max_length=CONTAINERS_MAX)] = ()
+    """The app containers of the actor's sandbox, in order (``_pause``, its root, is implied
+    and never listed). Empty: one container whose id is the actor id (before v3). Every app
+    container gets the actor's GPUs; ``_pause`` none."""
+    identity: Annotated[dict[str, str], msgspec.Meta(max_length=IDENTITY_MAX)] = {}
+    """The caller's identity of the actor (upstream: atespace, actor_name, actor_uid, ...):
+    opaque to the lifecycle, kept on the actor record and shown by queries."""
 
     @property
     def allocates_gpus(self) -> bool:
@@ -210,7 +236,43 @@ class ActorRegistered(Event, frozen=True, kw_only=True, tag="actor_registered"):
         """A GPU actor: ``gpu``, a count or names."""
         return self.gpu or self.gpus > 0 or bool(self.gpu_names)
 
+    @property
+    def is_sandbox(self) -> bool:
+        """A multi-container sandbox (``_pause`` plus the app ``containers``)."""
+        return bool(self.containers)
+
+    def __hash__(self) -> int:
+        # ``identity`` is a dict (its JSON form is an object): hashed by its items.
+        identity = tuple(sorted(self.identity.items()))
+        return hash((self.actor_id, self.seq, self.at, self.bundle, self.containers, *identity))
+
     def __post_init__(self) -> None:
+        if self.v < 3:
+            for name, value in (("containers", self.containers), ("identity", self.identity)):
+                if value:
+                    raise errors.EventFieldError(
+                        f"actor_registered for {self.actor_id!r}: {name} needs v 3 "
+                        f"(this line is v {self.v})",
+                        name,
+                    )
+        seen: set[str] = set()
+        for i, container in enumerate(self.containers):
+            if container == PAUSE_CONTAINER:
+                problem = f"{PAUSE_CONTAINER} is the sandbox's root container, always implied"
+            elif not CONTAINER_NAME.fullmatch(container):
+                problem = (
+                    f"it must match {CONTAINER_NAME.pattern} (letters, digits, '_', '.', "
+                    "'-'; 1-63 characters): it names a runsc container and a bundle directory"
+                )
+            elif container in seen:
+                problem = "it is named twice"
+            else:
+                seen.add(container)
+                continue
+            raise errors.EventFieldError(
+                f"actor_registered for {self.actor_id!r}: container name {container!r}: {problem}",
+                f"containers[{i}]",
+            )
         if self.gpus and self.gpu_names:
             raise errors.EventFieldError(
                 f"actor_registered for {self.actor_id!r}: give gpus ({self.gpus}) or "
@@ -247,7 +309,33 @@ class RunRequested(Event, frozen=True, tag="run_requested"):
 
 @register
 class SuspendRequested(Event, frozen=True, tag="suspend_requested"):
-    """Checkpoint the actor and stop its sandbox."""
+    """Checkpoint the actor and stop its sandbox.
+
+    Version 2 (issue 23): ``image_path`` chooses the checkpoint's directory. A v1 line has
+    none (the checkpoint goes where it always went); one that carries it is refused.
+    """
+
+    v: Literal[1, 2] = 2  # type: ignore[assignment]  # reads v1 and v2 (see above)
+    image_path: str | None = None
+    """Write the checkpoint into this directory (absolute; it must not already hold a
+    checkpoint) instead of ``<checkpoint_root>/<actor>/<seq>``: it becomes the actor's
+    checkpoint."""
+
+    def __post_init__(self) -> None:
+        if self.image_path is None:
+            return
+        if self.v < 2:
+            raise errors.EventFieldError(
+                f"suspend_requested for {self.actor_id!r}: image_path needs v 2 "
+                f"(this line is v {self.v})",
+                "image_path",
+            )
+        if not self.image_path.startswith("/") or "\x00" in self.image_path:
+            raise errors.EventFieldError(
+                f"suspend_requested for {self.actor_id!r}: image_path must be an absolute "
+                f"directory path, got {self.image_path!r}",
+                "image_path",
+            )
 
 
 @register

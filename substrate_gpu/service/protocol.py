@@ -8,7 +8,7 @@ them (:mod:`substrate_gpu.service.schema`).
 **Requests** are lifecycle events in their JSON form (:meth:`Event.to_json`) without a
 ``seq``: ``{"type": "run_requested", "v": 1, "actor_id": "a1"}``. ``v`` is required (the
 client says which version of the type it speaks; an ``actor_registered`` of ``v`` 1 is
-upgraded to 2 before it is logged, so the GPU allocator decides for every GPU actor). ``at``
+upgraded to 3 before it is logged, so the GPU allocator decides for every GPU actor). ``at``
 is optional (default: when the agent read the line) and bounded (``events.AT_MIN`` to
 ``events.AT_MAX``). ``actor_id`` must match :data:`ACTOR_ID`: it becomes a container id and
 a directory name, so a path in it is refused. Only *external* events are accepted: outcomes
@@ -168,6 +168,11 @@ class ActorStatus(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Why it stands where it stands, when the last transition said (a refusal, a failure)."""
     checkpoint: str | msgspec.UnsetType = msgspec.UNSET
     """Its latest checkpoint image, when it has one."""
+    containers: list[str] | msgspec.UnsetType = msgspec.UNSET
+    """A sandbox actor's app containers, in order (``_pause`` implied); absent for a
+    single-container actor."""
+    identity: dict[str, str] | msgspec.UnsetType = msgspec.UNSET
+    """The identity the registration carried (opaque to the agent), when it carried one."""
 
 
 class ActorAnswer(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -321,8 +326,9 @@ def parse_request(line: bytes) -> events.Event | RequestError:
         # and replays so. A client still speaking v1 today must not bypass the allocator
         # (its actor would share GPUs another actor was granted): the door upgrades the
         # request before it is logged, and v2 with the same fields asks for all the
-        # worker's GPUs through the allocator.
-        return msgspec.structs.replace(event, v=2)
+        # worker's GPUs through the allocator. (Upgraded to the newest version: v3 with
+        # no containers and no identity means what v2 means.)
+        return msgspec.structs.replace(event, v=3)
     return event
 
 

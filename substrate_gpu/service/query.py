@@ -97,6 +97,8 @@ def status(view: actors.ActorView) -> protocol.ActorStatus:
         gpu=view.gpu,
         reason=view.reason or msgspec.UNSET,
         checkpoint=view.checkpoint or msgspec.UNSET,
+        containers=list(view.containers) if view.containers else msgspec.UNSET,
+        identity=dict(view.identity) if view.identity else msgspec.UNSET,
     )
 
 

@@ -118,6 +118,8 @@ _CHECK_TEMPLATES: dict[str, str] = {
     "str | None": "    if {v} is not None and type({v}) is not str: return None\n",
     # Added with GPU allocation (gpus_allocated.names, actor_registered.gpu_names).
     "tuple": "    if type({v}) is not list: return None\n    {v} = tuple({v})\n",
+    # Added with sandboxes (actor_registered.identity, issue 23).
+    "dict": "    if type({v}) is not dict: return None\n",
 }
 
 

@@ -27,7 +27,8 @@ def test_json_round_trip(event_type: str) -> None:
 def test_json_form_carries_type_version_actor_and_sequence(event_type: str) -> None:
     """The JSON object names its type, schema version, actor and sequence."""
     data = json.loads(make_event(event_type, actor_id="x").stamped(3).to_json())
-    version = 2 if event_type == "actor_registered" else 1  # v2: GPU allocation
+    # actor_registered v2: GPU allocation, v3: sandboxes; suspend_requested v2: image_path
+    version = {"actor_registered": 3, "suspend_requested": 2}.get(event_type, 1)
     assert (data["type"], data["v"], data["actor_id"], data["seq"]) == (event_type, version, "x", 3)
     assert isinstance(data["at"], float)
 

@@ -169,7 +169,7 @@ def test_a_v1_registration_cannot_take_gpus_another_actor_holds(start_agent, tmp
     assert waiting["reason"] == "4 GPU(s) requested, 2 of 4 free"
     assert gpus_in(first) == [0, 1]
     registered = next(e for e in read_log(agent.log).events if e.actor_id == "old")
-    assert registered.v == 2  # logged as the allocator's: a replay allocates it too
+    assert registered.v == 3  # logged as the allocator's: a replay allocates it too
 
 
 @pytest.mark.parametrize("v", [1, 2])

@@ -267,11 +267,17 @@ def test_a_valid_request_is_the_event() -> None:
 def test_a_v1_registration_is_upgraded_at_the_door_to_use_the_allocator(
     fields: dict[str, object],
 ) -> None:
-    """A client speaking actor_registered v1 gets v2 logged: the allocator decides (issue 22)."""
+    """A client speaking actor_registered v1 gets the newest version logged: the allocator
+    decides (issue 22), and no container or identity is added (issue 23)."""
     line = json.dumps({**VALID, **fields, "v": 1, "at": 5.0}).encode()
     parsed = protocol.parse_request(line)
     assert isinstance(parsed, events.ActorRegistered)
-    assert (parsed.v, parsed.allocates_gpus) == (2, True)
+    assert (parsed.v, parsed.allocates_gpus, parsed.containers, parsed.identity) == (
+        3,
+        True,
+        (),
+        {},
+    )
     assert msgspec.structs.replace(parsed, v=1) == events.from_json(line)  # nothing else moved
 
 
