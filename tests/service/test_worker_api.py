@@ -217,7 +217,7 @@ def test_stats_answer_at_once_while_a_run_is_in_progress(hanging_agent, actor, t
     reads answer at once (not measured yet: UNSPECIFIED, zeros, the identity echoed)."""
     from .test_agent_health import wait_for_file
 
-    _, pids = hanging_agent
+    process, pids = hanging_agent
     worker = connect(tmp_path / "worker" / "worker.sock")
     running = worker.RunWorkload.future(actor.run(), timeout=120)
     wait_for_file(pids)
@@ -234,8 +234,15 @@ def test_stats_answer_at_once_while_a_run_is_in_progress(hanging_agent, actor, t
     assert sample.epoch_unix_nano > 0
     active = worker.GetActiveWorkloadStats(pb.GetActiveWorkloadStatsRequest(), timeout=2)
     assert [s.actor_uid for s in active.samples] == [actor.uid]
-    # A second Run of the same UID waits for the first's lock, then is refused.
     assert not running.done()
+    # The JSON door sees the same actor: one machine, one table.
+    with process.client() as client:
+        answer = client.request({"query": "actors"})
+    [listed] = [a for a in answer["actors"] if a["actor_id"].startswith(actor.uid)]
+    assert listed["actor_id"] == f"{actor.uid}.1"
+    assert listed["state"] == "creating"
+    assert listed["containers"] == ["app"]
+    assert listed["identity"]["actor_name"] == "counter"
 
 
 def test_sigterm_drains_lifecycle_calls_with_unavailable(hanging_agent, actor, tmp_path):
