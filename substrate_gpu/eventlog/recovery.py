@@ -38,6 +38,14 @@ unknown effect  (not asked)                            ``effect_timed_out`` (acc
                                                        in-flight state: failed, recoverable)
 ==============  =====================================  ===========================================
 
+A multi-container sandbox (an actor registered with ``containers``) is asked container by
+container, under its own runsc root, and its statuses summed up into the one the rule reads
+(:func:`substrate_gpu.lifecycle.sandbox.summarize`): ``_pause``'s for ``checkpointing`` and
+the CUDA effects (does the sandbox run?); otherwise ``missing`` when nothing exists, the app
+containers' common status while ``_pause`` runs (``created`` after a whole create,
+``running`` after a whole start or restore), and ``creating`` for a part-made sandbox,
+which every rule reads as "did not complete": its leftovers are deleted, apps first.
+
 Why a live sandbox in ``checkpointing`` means "failed, survived" even when an image exists:
 a ``runsc checkpoint`` started in its own session outlives the agent and may still be
 writing that image; the running sandbox is the actor's state, and a new suspend can be
@@ -61,7 +69,7 @@ from typing import Literal
 
 from substrate_gpu import exceptions
 from substrate_gpu.eventlog import errors, reader, replayer, seqmark
-from substrate_gpu.lifecycle import actors, effects, events, machine, registry
+from substrate_gpu.lifecycle import actors, effects, events, machine, registry, sandbox
 from substrate_gpu.lifecycle.agent import ResumePoint
 from substrate_gpu.runsc import api as runsc
 
@@ -220,6 +228,27 @@ def decide(
     )
 
 
+async def _sandbox_status(
+    runtime: runsc.SandboxRuntime, view: actors.ActorView, effect: str
+) -> tuple[Status, str]:
+    """One status for a sandbox actor's containers, as the effect's rule reads one."""
+    try:
+        found = await sandbox.statuses(sandbox.of(runtime, view))
+    except exceptions.SubstrateGpuError as e:
+        return "unknown", f"unreadable ({e})"
+    return sandbox.summarize(effect, found), f"sandbox: {sandbox.describe(found)}"
+
+
+async def _delete_leftover(runtime: runsc.SandboxRuntime, view: actors.ActorView) -> None:
+    """What the interrupted effect itself would have done: delete the container, or every
+    container of a sandbox (apps first, ``_pause`` last)."""
+    with contextlib.suppress(exceptions.SubstrateGpuError):
+        if sandbox.is_sandbox(view):
+            await sandbox.delete_quietly(sandbox.of(runtime, view))
+        else:
+            await runtime.delete(view.actor_id, force=True)
+
+
 async def _status(runtime: runsc.SandboxRuntime, actor_id: str) -> tuple[Status, str]:
     try:
         state = await runtime.state(actor_id)
@@ -266,6 +295,8 @@ async def recover(
         if spec_entry is None or not spec_entry.recovery.asks_runtime:
             status: Status = "missing"
             said = "not asked"
+        elif sandbox.is_sandbox(view):
+            status, said = await _sandbox_status(runtime, view, effect)
         else:
             status, said = await _status(runtime, actor_id)
         image = None
@@ -281,8 +312,7 @@ async def recover(
             image_whole=image is not None and image_whole(image),
         )
         if decision.delete_leftover:
-            with contextlib.suppress(exceptions.SubstrateGpuError):
-                await runtime.delete(actor_id, force=True)
+            await _delete_leftover(runtime, view)
         report.append(Reconciliation(actor_id, view.state, effect, said, decision))
         if decision.outcome is not None:
             outcomes.append(decision.outcome)

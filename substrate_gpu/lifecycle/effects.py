@@ -11,6 +11,9 @@ Decisions worth knowing:
 
 - The container id is the actor id; GPU actors get ``nvproxy=True`` on **create and
   restore** (brief §4: the pause container needs it too), never on start or checkpoint.
+  An actor registered with ``containers`` is a sandbox (``_pause`` plus app containers,
+  under a runsc root of its own): each effect acts on all of it, in the order
+  :mod:`substrate_gpu.lifecycle.sandbox` owns; GPUs go into every app container's bundle.
 - A GPU actor's suspend starts with ``probe``: live CUDA clients (found by the probe, or
   observed by the node agent) with a route to suspend them give ``live_context_found``
   (the machine picks the next state from its route); without a route, ``checkpoint_refused``
@@ -41,6 +44,7 @@ Decisions worth knowing:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +53,7 @@ from typing import Protocol
 import structlog
 
 from substrate_gpu import cudackpt, exceptions, preflight
-from substrate_gpu.lifecycle import allocation, errors, events, registry
+from substrate_gpu.lifecycle import allocation, errors, events, registry, sandbox
 from substrate_gpu.lifecycle.actors import ActorView
 from substrate_gpu.lifecycle.gpu import GpuSettings
 from substrate_gpu.probes.api import CudaContextProbe
@@ -100,10 +104,24 @@ def _message(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
-async def _delete_quietly(ctx: EffectContext, actor_id: str) -> None:
-    """Best-effort ``delete --force`` of a leftover container (cleanup, never the outcome)."""
+async def _delete_quietly(ctx: EffectContext, actor: ActorView) -> None:
+    """Best-effort ``delete --force`` of a leftover container, or of every container of a
+    sandbox (cleanup, never the outcome)."""
+    if sandbox.is_sandbox(actor):
+        with contextlib.suppress(exceptions.SubstrateGpuError):
+            await sandbox.delete_quietly(sandbox.of(ctx.runtime, actor))
+        return
     with contextlib.suppress(exceptions.SubstrateGpuError):
-        await ctx.runtime.delete(actor_id, force=True)
+        await ctx.runtime.delete(actor.actor_id, force=True)
+
+
+def _root_container(ctx: EffectContext, actor: ActorView) -> tuple[runsc.SandboxRuntime, str]:
+    """The runtime and container that stand for the actor's whole sandbox: its one container,
+    or a sandbox's ``_pause`` under the actor's own root. A SandboxError (a
+    SubstrateGpuError) when the runtime cannot host a sandbox."""
+    if sandbox.is_sandbox(actor):
+        return sandbox.of(ctx.runtime, actor).runtime, sandbox.PAUSE
+    return ctx.runtime, actor.actor_id
 
 
 def _granted(actor: ActorView) -> tuple[str, ...] | None:
@@ -112,10 +130,17 @@ def _granted(actor: ActorView) -> tuple[str, ...] | None:
 
 
 async def _inject(ctx: EffectContext, actor: ActorView) -> int:
+    """Inject the actor's GPUs into its bundle, or into every app container's bundle of a
+    sandbox (the same GPUs each; ``_pause`` never): the device nodes injected, in all."""
     devices = _granted(actor)
-    if devices is None:
-        return await ctx.injector(Path(actor.bundle))
-    return await ctx.injector(Path(actor.bundle), devices=devices)
+    bundles = sandbox.app_bundles(actor) if sandbox.is_sandbox(actor) else (Path(actor.bundle),)
+    injected = 0
+    for bundle in bundles:
+        if devices is None:
+            injected += await ctx.injector(bundle)
+        else:
+            injected += await ctx.injector(bundle, devices=devices)
+    return injected
 
 
 async def allocate(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
@@ -168,27 +193,35 @@ async def create(ctx: EffectContext, actor: ActorView, event: events.Event) -> e
                 actor_id=actor.actor_id, code=facts.code, message=facts.reason
             )
     if actor.sandbox:
-        await _delete_quietly(ctx, actor.actor_id)
+        await _delete_quietly(ctx, actor)
     try:
-        await ctx.runtime.create(actor.actor_id, Path(actor.bundle), nvproxy=actor.gpu)
+        if sandbox.is_sandbox(actor):
+            # Cleans up after itself: a failure part-way leaves no container.
+            await sandbox.create(sandbox.of(ctx.runtime, actor), nvproxy=actor.gpu)
+        else:
+            await ctx.runtime.create(actor.actor_id, Path(actor.bundle), nvproxy=actor.gpu)
     except exceptions.SubstrateGpuError as e:
-        await _delete_quietly(ctx, actor.actor_id)
+        await _delete_quietly(ctx, actor)
         return events.EffectFailed(actor_id=actor.actor_id, effect="create", message=_message(e))
     return events.SandboxCreated(actor_id=actor.actor_id)
 
 
 async def start(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
-    """``runsc start``."""
+    """``runsc start`` (of each app container of a sandbox)."""
     try:
-        await ctx.runtime.start(actor.actor_id)
+        if sandbox.is_sandbox(actor):
+            await sandbox.start(sandbox.of(ctx.runtime, actor))
+        else:
+            await ctx.runtime.start(actor.actor_id)
     except exceptions.SubstrateGpuError as e:
         return events.EffectFailed(actor_id=actor.actor_id, effect="start", message=_message(e))
     return events.SandboxStarted(actor_id=actor.actor_id)
 
 
-async def _sandbox_runs(ctx: EffectContext, actor_id: str) -> bool:
+async def _sandbox_runs(ctx: EffectContext, actor: ActorView) -> bool:
     try:
-        state = await ctx.runtime.state(actor_id)
+        runtime, container = _root_container(ctx, actor)
+        state = await runtime.state(container)
     except exceptions.SubstrateGpuError:
         return False
     return state.status in {"running", "paused"}
@@ -198,13 +231,14 @@ async def probe(ctx: EffectContext, actor: ActorView, event: events.Event) -> ev
     """Look for live CUDA clients of a GPU actor's sandbox and choose how to suspend it."""
     actor_id = actor.actor_id
     try:
-        state = await ctx.runtime.state(actor_id)
+        runtime, container = _root_container(ctx, actor)
+        state = await runtime.state(container)
         clients = await ctx.probe.live_clients((state.pid,)) if state.pid else ()
     except exceptions.SubstrateGpuError as e:
         return events.CheckpointFailed(
             actor_id=actor_id,
             message=f"while probing for live CUDA contexts: {_message(e)}",
-            sandbox_survived=await _sandbox_runs(ctx, actor_id),
+            sandbox_survived=await _sandbox_runs(ctx, actor),
         )
     if not clients and actor.live_contexts == 0:
         return events.NoLiveContext(actor_id=actor_id)
@@ -222,7 +256,7 @@ async def probe(ctx: EffectContext, actor: ActorView, event: events.Event) -> ev
         return events.CheckpointFailed(
             actor_id=actor_id,
             message=f"while choosing how to suspend a live CUDA context: {_message(e)}",
-            sandbox_survived=await _sandbox_runs(ctx, actor_id),
+            sandbox_survived=await _sandbox_runs(ctx, actor),
         )
     if route.refuses:
         if actor.suspend_policy == "refuse":
@@ -251,7 +285,12 @@ async def _suspend_route(ctx: EffectContext, actor: ActorView) -> cudackpt.Route
             "refuse", "this agent has no GPU settings: no cuda-checkpoint route is configured"
         )
     features = await ctx.runtime.features()
-    return await ctx.gpu.route(features, actor.actor_id, actor.suspend_policy)
+    gpu = ctx.gpu
+    if sandbox.is_sandbox(actor):
+        # The exec route runs cuda-checkpoint in the actor's container: a sandbox's CUDA
+        # processes live in its app containers, which it does not reach (not built yet).
+        gpu = dataclasses.replace(gpu, sandbox_tool=None)
+    return await gpu.route(features, actor.actor_id, actor.suspend_policy)
 
 
 def _write_manifest(
@@ -329,10 +368,17 @@ async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) 
             "(checkpoint.img); ask for an empty directory",
             sandbox_survived=True,
         )
-    features = await _features_of(ctx.runtime, actor_id)
     try:
-        await ctx.runtime.checkpoint(
-            actor_id,
+        runtime, container = _root_container(ctx, actor)
+    except exceptions.SubstrateGpuError as e:
+        return events.CheckpointFailed(
+            actor_id=actor_id, message=_message(e), sandbox_survived=False
+        )
+    features = await _features_of(runtime, container)
+    try:
+        # A sandbox's checkpoint is its _pause's: every container in the one image.
+        await runtime.checkpoint(
+            container,
             image,
             leave_running=features.leave_running,
             cuda_checkpoint_path=cuda_path,
@@ -346,26 +392,26 @@ async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) 
         return events.CheckpointRefused(
             actor_id=actor_id,
             reason=events.REFUSED_LIVE_NVPROXY_CLIENTS,
-            sandbox_survived=await _sandbox_runs(ctx, actor_id),
+            sandbox_survived=await _sandbox_runs(ctx, actor),
             message=_message(e),
         )
     except runsc.NotRestorableError as e:
         return events.CheckpointRefused(
             actor_id=actor_id,
             reason=events.REFUSED_NOT_RESTORABLE,
-            sandbox_survived=await _sandbox_runs(ctx, actor_id),
+            sandbox_survived=await _sandbox_runs(ctx, actor),
             message=_message(e),
         )
     except exceptions.SubstrateGpuError as e:
         return events.CheckpointFailed(
             actor_id=actor_id,
             message=_message(e),
-            sandbox_survived=await _sandbox_runs(ctx, actor_id),
+            sandbox_survived=await _sandbox_runs(ctx, actor),
         )
     _write_manifest(ctx, actor, image, features)
     # The image is good; the sandbox (resumed by --leave-running, or stopped) must go so the
     # id is free for the restore. A failure here leaves a container the next restore deletes.
-    await _delete_quietly(ctx, actor_id)
+    await _delete_quietly(ctx, actor)
     return events.CheckpointWritten(actor_id=actor_id, image_path=str(image))
 
 
@@ -376,7 +422,7 @@ async def restore(ctx: EffectContext, actor: ActorView, event: events.Event) -> 
     if image is None:  # the machine's has_checkpoint guard makes this unreachable
         return events.RestoreFailed(actor_id=actor_id, message="no checkpoint to restore from")
     if actor.sandbox:
-        await _delete_quietly(ctx, actor_id)
+        await _delete_quietly(ctx, actor)
     cpu_refusal = _check_cpu_features(
         actor_id, Path(image), await _features_of(ctx.runtime, actor_id)
     )
@@ -397,9 +443,12 @@ async def restore(ctx: EffectContext, actor: ActorView, event: events.Event) -> 
     try:
         if actor.gpu:
             devices = await _inject(ctx, actor)
-        await ctx.runtime.restore(actor_id, Path(actor.bundle), Path(image), nvproxy=actor.gpu)
+        if sandbox.is_sandbox(actor):
+            await sandbox.restore(sandbox.of(ctx.runtime, actor), Path(image), nvproxy=actor.gpu)
+        else:
+            await ctx.runtime.restore(actor_id, Path(actor.bundle), Path(image), nvproxy=actor.gpu)
     except exceptions.SubstrateGpuError as e:
-        await _delete_quietly(ctx, actor_id)
+        await _delete_quietly(ctx, actor)
         return events.RestoreFailed(actor_id=actor_id, message=_message(e))
     return events.Restored(
         actor_id=actor_id, image_path=image, devices=devices, cuda_route=cuda_route
@@ -477,7 +526,7 @@ async def cuda_suspend(ctx: EffectContext, actor: ActorView, event: events.Event
     except exceptions.SubstrateGpuError as e:
         # Nothing was touched: a refusal while the sandbox runs.
         message = f"while listing the sandbox's CUDA processes: {_message(e)}"
-        if await _sandbox_runs(ctx, actor_id):
+        if await _sandbox_runs(ctx, actor):
             return events.CudaSuspendRefused(
                 actor_id=actor_id, reason=events.REFUSED_CUDA_SUSPEND, message=message
             )
@@ -517,7 +566,7 @@ async def cuda_resume(ctx: EffectContext, actor: ActorView, event: events.Event)
         return events.CudaResumeFailed(
             actor_id=actor_id,
             message="no cuda-checkpoint tool is configured for the sandbox",
-            sandbox_survived=await _sandbox_runs(ctx, actor_id),
+            sandbox_survived=await _sandbox_runs(ctx, actor),
         )
     pids = _pids(actor.cuda_pids)
     try:
@@ -526,22 +575,26 @@ async def cuda_resume(ctx: EffectContext, actor: ActorView, event: events.Event)
         return events.CudaResumeFailed(
             actor_id=actor_id,
             message=f"while resuming CUDA processes {actor.cuda_pids}: {_message(e)}",
-            sandbox_survived=await _sandbox_runs(ctx, actor_id),
+            sandbox_survived=await _sandbox_runs(ctx, actor),
         )
     if outcome.ok:
         return events.CudaResumed(actor_id=actor_id, pids=_join(outcome.resumed))
     return events.CudaResumeFailed(
         actor_id=actor_id,
         message=f"{outcome.reason}; pid(s) {_join(outcome.failed)} not running",
-        sandbox_survived=await _sandbox_runs(ctx, actor_id),
+        sandbox_survived=await _sandbox_runs(ctx, actor),
     )
 
 
 async def delete(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
-    """``runsc delete --force`` (a container the runtime does not know is already gone)."""
+    """``runsc delete --force`` (a container the runtime does not know is already gone); a
+    sandbox's app containers first, ``_pause`` last."""
     if actor.sandbox:
         try:
-            await ctx.runtime.delete(actor.actor_id, force=True)
+            if sandbox.is_sandbox(actor):
+                await sandbox.delete(sandbox.of(ctx.runtime, actor))
+            else:
+                await ctx.runtime.delete(actor.actor_id, force=True)
         except runsc.ContainerNotFoundError:
             pass
         except exceptions.SubstrateGpuError as e:

@@ -168,6 +168,21 @@ class PerSandboxFeatures(Protocol):
         ...
 
 
+@runtime_checkable
+class PerActorRoot(Protocol):
+    """A runtime that can give each multi-container sandbox a runsc root of its own.
+
+    A sandbox's containers are ``_pause`` and the app containers, named as the caller named
+    them: the same names in every actor, so each actor's containers live under their own
+    ``--root`` (``<root>/<actor_id>``) and never meet another actor's. Single-container
+    actors keep the runtime's root (their container id is the actor id).
+    """
+
+    def for_actor(self, actor_id: str) -> SandboxRuntime:
+        """The same runtime with ``--root <root>/<actor_id>`` (cheap: no runsc is run)."""
+        ...
+
+
 class SandboxExec(Protocol):
     """Running a command inside an existing sandbox (``runsc exec``).
 

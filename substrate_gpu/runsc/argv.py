@@ -8,13 +8,16 @@ data, with no I/O:
   runsc parses its global flags with Go's ``flag`` package, which stops at the first
   non-flag argument; a global flag after the subcommand is parsed by the subcommand's own
   flag set and rejected (``flag provided but not defined: -nvproxy``).
-- **``--nvproxy`` goes on ``create`` and ``restore`` only**, and on those for *every*
-  container of a GPU sandbox, the pause/root container included. The pause container
-  holds no GPU device, so runsc's auto-detection (which looks for NVIDIA devices in the
-  spec) never fires for it; the sandbox is then booted without nvproxy and the sentry
-  crashes when the GPU container joins. ``start``, ``checkpoint``, ``state``, ``kill`` and
-  ``delete`` act on an existing sandbox and never get it. The caller (the lifecycle) decides:
-  it passes ``nvproxy=True`` for all containers of a GPU sandbox.
+- **``--nvproxy`` goes on ``create`` and ``restore`` only.** The one that matters is the
+  root (``_pause``) container's ``create``: the sandbox boots there, and ``_pause`` holds no
+  GPU device, so runsc's auto-detection (which looks for NVIDIA devices in the spec) never
+  fires for it; booted without nvproxy, the sentry crashes when the GPU container joins.
+  Every ``restore`` of a GPU sandbox's containers carries it too (each restore re-reads
+  its flags). An app container's ``create`` joins a booted sandbox, where the flag is
+  redundant but harmless; the lifecycle passes it there as well, so every create and
+  restore of a GPU sandbox agrees. ``start``, ``checkpoint``, ``state``, ``kill`` and
+  ``delete`` act on an existing sandbox and never get it. The caller
+  (:mod:`substrate_gpu.lifecycle.sandbox`) decides.
 - **nvproxy-only global flags** (``--nvproxy-driver-version``,
   ``--nvproxy-allowed-driver-capabilities``) travel with ``--nvproxy`` and nowhere else:
   they configure the sandbox being booted.

@@ -12,12 +12,15 @@ A thin effectful shell around :mod:`substrate_gpu.runsc.argv` (what to run) and
 - Features are **detected, never assumed** (``runsc --version``, ``runsc help checkpoint``,
   ``runsc help``, ``runsc flags``) and cached after the first success. A failed detection is
   not cached: the next caller asks again.
-- ``nvproxy`` is decided per call by the caller: True for every container of a GPU sandbox
-  on ``create`` and ``restore`` (the pause container included — see :mod:`.argv`).
+- ``nvproxy`` is decided per call by the caller: True on ``create`` and ``restore`` of a
+  GPU sandbox's containers, ``_pause``'s create above all (see :mod:`.argv`).
+- :meth:`RunscDriver.for_actor` gives a multi-container sandbox its own ``--root``
+  (``<root>/<actor_id>``; runsc makes it on the first create), features detected once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -175,11 +178,25 @@ def binary_sha256(runsc: str) -> str:
 class RunscDriver:
     """:class:`~substrate_gpu.runsc.api.SandboxRuntime` over the runsc binary."""
 
-    def __init__(self, config: RunscConfig) -> None:
+    def __init__(self, config: RunscConfig, *, parent: RunscDriver | None = None) -> None:
         self.config = config
         self._inv = config.invocation
         self._features: api.RunscFeatures | None = None
         self._features_lock = anyio.Lock()
+        self._parent = parent
+        """The driver whose root this one's is under (:meth:`for_actor`): the same binary,
+        so its detected features are asked of it (detected once for all actors)."""
+
+    def for_actor(self, actor_id: str) -> RunscDriver:
+        """This driver with ``--root <root>/<actor_id>``: a multi-container sandbox's own
+        root (its container names repeat across actors). A ``pid_dir`` gets the same
+        sub-directory, for the same reason."""
+        config = dataclasses.replace(
+            self.config,
+            root=self.config.root / actor_id,
+            pid_dir=None if self.config.pid_dir is None else self.config.pid_dir / actor_id,
+        )
+        return RunscDriver(config, parent=self._parent or self)
 
     async def _run(
         self, args: tuple[str, ...], *, timeout: float, doing: str
@@ -193,6 +210,8 @@ class RunscDriver:
 
     async def features(self) -> api.RunscFeatures:
         """Detect (once, then cached) what this runsc supports."""
+        if self._parent is not None:
+            return await self._parent.features()
         if self._features is not None:
             return self._features
         async with self._features_lock:

@@ -274,6 +274,75 @@ def check_bundle(bundle: str) -> None:
         ) from e
 
 
+# --- multi-container sandboxes (CRI annotations) ---------------------------------------------
+CONTAINER_TYPE = "io.kubernetes.cri.container-type"
+SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
+
+
+def bundle_config(bundle: str) -> dict[str, object]:
+    """The bundle's spec (empty when it is gone or unreadable: nothing to join)."""
+    try:
+        config = json.loads((Path(bundle) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def sandbox_of(config: dict[str, object]) -> str | None:
+    """The root container a ``container``-type spec joins (None: it boots its own)."""
+    annotations = config.get("annotations") or {}
+    if isinstance(annotations, dict) and annotations.get(CONTAINER_TYPE) == "container":
+        return str(annotations.get(SANDBOX_ID, ""))
+    return None
+
+
+def has_gpu_devices(config: dict[str, object]) -> bool:
+    linux = config.get("linux") or {}
+    devices = linux.get("devices") or [] if isinstance(linux, dict) else []
+    return any(DEVICE_PATTERN.fullmatch(str(d.get("path", ""))) for d in devices)
+
+
+def booted_file(root: str, sid: str) -> Path:
+    """How the sandbox of root container ``sid`` was booted (``{"nvproxy": bool}``)."""
+    return Path(root) / f".standin-sandbox-{sid}.json"
+
+
+def members(root: str, sid: str) -> list[str]:
+    """The containers that joined root container ``sid``'s sandbox, in creation order."""
+    out = runc(root, "list", "--format", "json", check=False)
+    listed = json.loads(out.stdout or "null") or []
+    return [
+        c["id"]
+        for c in sorted(listed, key=lambda c: str(c.get("created", "")))
+        if c.get("id") != sid
+        and (c.get("annotations") or {}).get(SANDBOX_ID) == sid
+        and (c.get("annotations") or {}).get(CONTAINER_TYPE) == "container"
+    ]
+
+
+def join_sandbox(root: str, cid: str, config: dict[str, object]) -> None:
+    """A container joining a sandbox needs its root running; a GPU container joining a
+    sandbox booted without nvproxy crashes the sentry, as on runsc."""
+    sid = sandbox_of(config)
+    if sid is None:
+        return
+    if not sid or not exists(root, sid) or load_state(root, sid).get("status") != "running":
+        raise Fatal(
+            f'creating container: cannot create container "{cid}": sandbox "{sid}" '
+            "is not running (start the sandbox's root container first)"
+        )
+    booted = booted_file(root, sid)
+    nvproxy = booted.is_file() and json.loads(booted.read_text()).get("nvproxy") is True
+    if has_gpu_devices(config) and not nvproxy:
+        for member in [*members(root, sid), sid]:
+            runc(root, "kill", member, "KILL", check=False)
+        raise Fatal(
+            f'creating container: cannot create container "{cid}": sandbox "{sid}" '
+            "crashed: the sentry was booted without nvproxy and the container asks for "
+            "NVIDIA devices (pass --nvproxy on the root container's create)"
+        )
+
+
 def cmd_create(root: str, flags: dict[str, str], rest: list[str], nvproxy: bool) -> None:
     cid = one_id(rest, "create")
     check_bundle(flags.get("bundle", "."))
@@ -282,6 +351,11 @@ def cmd_create(root: str, flags: dict[str, str], rest: list[str], nvproxy: bool)
             "creating container: cannot lock container metadata file: container already exists"
         )
     check_driver(nvproxy)
+    config = bundle_config(flags.get("bundle", "."))
+    join_sandbox(root, cid, config)
+    if sandbox_of(config) is None:
+        Path(root).mkdir(parents=True, exist_ok=True)  # runsc makes a missing --root
+        booted_file(root, cid).write_text(json.dumps({"nvproxy": nvproxy}), encoding="utf-8")
     args = ["create", "--bundle", flags.get("bundle", ".")]
     if "pid-file" in flags:
         args += ["--pid-file", flags["pid-file"]]
@@ -355,8 +429,11 @@ def cmd_checkpoint(root: str, flags: dict[str, str], rest: list[str]) -> None:
         ) from e
     cuda_tool = flags.get("cuda-checkpoint-path")
     cuda_pids: list[int] = []
+    # A root container's checkpoint is its whole sandbox's: the joined containers too.
+    joined = members(root, cid)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        holders = live_device_fds(container_pids(root, cid))
+        pids = [p for c in (cid, *joined) for p in container_pids(root, c)]
+        holders = live_device_fds(pids)
         if holders and cuda_tool:
             # GPU-aware checkpoint: CUDA state goes to host memory first, then nothing
             # live is left for nvproxy to refuse.
@@ -365,8 +442,7 @@ def cmd_checkpoint(root: str, flags: dict[str, str], rest: list[str]) -> None:
         if holders:
             # gVisor's save fails part-way; without --leave-running the sandbox is gone.
             if not leave_running:
-                runc(root, "kill", cid, "KILL")
-                wait_status(root, cid, "stopped")
+                stop_sandbox(root, cid, joined)
             if ENV.get("RUNSC_STANDIN_LIVE_CLIENT_ERROR") == "not-restorable":
                 cause = (
                     "nvproxy: object handle 0xc1d00001:0x5c000002 (class 0xa06c, "
@@ -387,6 +463,7 @@ def cmd_checkpoint(root: str, flags: dict[str, str], rest: list[str]) -> None:
             "cuda_checkpoint_path": cuda_tool,
             "cuda_checkpoint_sequential": flags.get("cuda-checkpoint-sequential") == "true",
             "cuda_pids": cuda_pids,
+            "containers": joined,
         }
         f.write(json.dumps(record) + "\n")
     if leave_running:
@@ -400,8 +477,17 @@ def cmd_checkpoint(root: str, flags: dict[str, str], rest: list[str]) -> None:
                     f"cuda-checkpoint --toggle --pid {pid} failed: {detail}"
                 )
     else:
-        runc(root, "kill", cid, "KILL")
-        wait_status(root, cid, "stopped")
+        stop_sandbox(root, cid, joined)
+
+
+def stop_sandbox(root: str, cid: str, joined: list[str]) -> None:
+    """The sandbox exits: every container in it stops (their metadata stays until delete)."""
+    for member in joined:
+        runc(root, "kill", member, "KILL", check=False)
+    runc(root, "kill", cid, "KILL")
+    for member in joined:
+        wait_status(root, member, "stopped")
+    wait_status(root, cid, "stopped")
 
 
 def cmd_restore(root: str, flags: dict[str, str], rest: list[str], nvproxy: bool) -> None:
@@ -410,7 +496,10 @@ def cmd_restore(root: str, flags: dict[str, str], rest: list[str], nvproxy: bool
     if not image_path:
         raise Fatal("image-path flag must be provided")
     check_bundle(flags.get("bundle", "."))
-    if exists(root, cid):
+    # A sandbox is restored container by container, each created first (runsc's
+    # multi-container restore): a created container is restored in place.
+    created = exists(root, cid) and load_state(root, cid).get("status") == "created"
+    if exists(root, cid) and not created:
         status = load_state(root, cid).get("status")
         raise Fatal(f'starting container: cannot restore container "{cid}" in state {status}')
     image = Path(image_path) / CHECKPOINT_FILE
@@ -420,10 +509,13 @@ def cmd_restore(root: str, flags: dict[str, str], rest: list[str], nvproxy: bool
             f"open {image}: no such file or directory"
         )
     check_driver(nvproxy)
-    args = ["create", "--bundle", flags.get("bundle", ".")]
-    if "pid-file" in flags:
-        args += ["--pid-file", flags["pid-file"]]
-    runc(root, *args, cid)
+    if not created:
+        config = bundle_config(flags.get("bundle", "."))
+        join_sandbox(root, cid, config)
+        args = ["create", "--bundle", flags.get("bundle", ".")]
+        if "pid-file" in flags:
+            args += ["--pid-file", flags["pid-file"]]
+        runc(root, *args, cid)
     runc(root, "start", cid)
     if flags.get("detach", "false") != "true":
         while load_state(root, cid).get("status") != "stopped":
@@ -475,9 +567,21 @@ def cmd_delete(root: str, flags: dict[str, str], rest: list[str]) -> None:
     for cid in rest:
         if force and not exists(root, cid):
             continue  # runsc: delete --force of an unknown id succeeds
-        status = load_state(root, cid).get("status")
-        if status != "stopped" and not force:
+        state = load_state(root, cid)
+        if state.get("status") != "stopped" and not force:
             raise Fatal("cannot delete container that is not stopped without --force flag")
+        sid = sandbox_of(bundle_config(str(state.get("bundle", "."))))
+        if sid and (not exists(root, sid) or load_state(root, sid).get("status") == "stopped"):
+            # Its sandbox exited: runsc cannot reach it to destroy the container.
+            raise Fatal(
+                f'destroying container: stopping container: destroying container "{cid}": '
+                "connecting to control server at PID 0: connection refused"
+            )
+        if sid is None:
+            # The root container's delete tears the whole sandbox down.
+            for member in members(root, cid):
+                runc(root, "delete", "--force", member, check=False)
+            booted_file(root, cid).unlink(missing_ok=True)
         runc(root, "delete", *(["--force"] if force else []), cid)
 
 

@@ -52,9 +52,33 @@ class FakeRuntime:
     """Operations that fail with this stderr."""
     gates: dict[str, anyio.Event] = field(default_factory=dict)
     """Operations that wait for their event to be set before acting."""
+    fail_on: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(operation, container id) pairs that fail with this stderr (a sandbox's one step)."""
+    root: str = ""
+    """The actor whose own runsc root this runtime is (:meth:`for_actor`), or empty."""
+    roots: dict[str, FakeRuntime] = field(default_factory=dict)
+    """The per-actor runtimes handed out (their calls go to this runtime's ``calls``)."""
     _next_pid: int = 1000
 
+    def for_actor(self, actor_id: str) -> FakeRuntime:
+        """The runtime under ``<root>/<actor_id>``: its own containers, the same recording
+        (each call's argv starts with ``--root=<actor_id>``) and failure knobs."""
+        child = self.roots.get(actor_id)
+        if child is None:
+            child = self.roots[actor_id] = FakeRuntime(
+                leave_running=self.leave_running,
+                calls=self.calls,
+                hang=self.hang,
+                fail=self.fail,
+                gates=self.gates,
+                fail_on=self.fail_on,
+                root=actor_id,
+            )
+        return child
+
     async def _enter(self, op: str, argv: tuple[str, ...]) -> None:
+        if self.root:
+            argv = (argv[0], f"--root={self.root}", *argv[1:])
         self.calls.append((op, *argv))
         await anyio.lowlevel.checkpoint()
         if op in self.hang:
@@ -63,6 +87,8 @@ class FakeRuntime:
             await self.gates[op].wait()
         if op in self.fail:
             raise _error(runsc.RunscError, argv, self.fail[op])
+        if (op, argv[-1]) in self.fail_on:
+            raise _error(runsc.RunscError, argv, self.fail_on[op, argv[-1]])
 
     def _get(self, cid: str, argv: tuple[str, ...]) -> _Container:
         c = self.containers.get(cid)
@@ -141,10 +167,15 @@ class FakeRuntime:
     ) -> None:
         argv = ("runsc", *(["--nvproxy"] if nvproxy else []), "restore", container_id)
         await self._enter("restore", argv)
-        if container_id in self.containers:
+        created = self.containers.get(container_id)
+        if created is not None and created.status != "created":
             raise _error(runsc.RunscError, argv, f"container {container_id} already exists")
         if not (image_path / "checkpoint.img").exists():
             raise _error(runsc.RunscError, argv, f"no checkpoint image in {image_path}")
+        if created is not None:
+            # A sandbox's containers are created, then restored in place (runsc's order).
+            created.status = "running"
+            return
         self._next_pid += 1
         self.containers[container_id] = _Container("running", self._next_pid, str(bundle), nvproxy)
 
