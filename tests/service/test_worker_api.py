@@ -214,7 +214,8 @@ def hanging_agent(tmp_path, standin, runc_path):
 
 def test_stats_answer_at_once_while_a_run_is_in_progress(hanging_agent, actor, tmp_path):
     """A Run waiting on a hung ``runsc create`` holds the UID's lifecycle lock; the stats
-    reads answer at once (not measured yet: UNSPECIFIED, zeros, the identity echoed)."""
+    reads answer at once, the identity echoed (the figures: whatever the cgroup holds yet;
+    tests/service/test_worker_stats.py pins "not measured")."""
     from .test_agent_health import wait_for_file
 
     process, pids = hanging_agent
@@ -229,8 +230,8 @@ def test_stats_answer_at_once_while_a_run_is_in_progress(hanging_agent, actor, t
         "counter-template",
     )
     assert sample.sandbox_class == pb.SANDBOX_CLASS_GVISOR
-    assert sample.source == pb.STATS_SOURCE_UNSPECIFIED
-    assert (sample.memory_current_bytes, sample.cpu_usage_usec) == (0, 0)
+    if sample.source == pb.STATS_SOURCE_UNSPECIFIED:
+        assert (sample.memory_current_bytes, sample.cpu_usage_usec) == (0, 0)
     assert sample.epoch_unix_nano > 0
     active = worker.GetActiveWorkloadStats(pb.GetActiveWorkloadStatsRequest(), timeout=2)
     assert [s.actor_uid for s in active.samples] == [actor.uid]
