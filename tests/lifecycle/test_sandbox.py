@@ -135,6 +135,7 @@ async def test_a_gpu_sandbox_restores_with_nvproxy_on_every_restore_and_reinject
     [
         pytest.param(("create", "side"), "create", "failed", id="second-app-create"),
         pytest.param(("start", "_pause"), "create", "failed", id="pause-start"),
+        pytest.param(("start", "side"), "create", "failed", id="second-app-start"),
         pytest.param(("restore", "app"), "restore", "suspended", id="first-app-restore"),
     ],
 )
