@@ -211,6 +211,7 @@ class WorkerService:
         workload = self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
         self._runsc.check(request.runsc_path)
         async with self._locks.held(uid):
+            self._not_draining()  # SIGTERM may have come while this call waited for the lock
             self._not_executing(uid)
             actor_id = await self._register(request, workload)
             self._cgroups[actor_id] = worker_requests.apply_size(
@@ -233,6 +234,7 @@ class WorkerService:
             )
         self._runsc.check(request.runsc_path)
         async with self._locks.held(uid):
+            self._not_draining()  # SIGTERM may have come while this call waited for the lock
             self._not_executing(uid)
             actor_id = await self._register(request, workload)
             self._cgroups[actor_id] = worker_requests.apply_size(
@@ -313,12 +315,15 @@ class WorkerService:
     # --- the machine ------------------------------------------------------------------------
 
     def _begin(self, uid: str) -> str:
+        self._not_draining()
+        return worker_requests.check_uid(uid)
+
+    def _not_draining(self) -> None:
         if self.draining:
             raise CallError(
                 grpc.StatusCode.UNAVAILABLE,
                 "worker draining (SIGTERM): not accepting lifecycle calls; retry on another worker",
             )
-        return worker_requests.check_uid(uid)
 
     @staticmethod
     def _full_scope(scope: int, call: str) -> None:

@@ -9,6 +9,7 @@ hangs: stats answer at once, SIGTERM drains with UNAVAILABLE).
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import grpc
@@ -32,13 +33,14 @@ def standin(tmp_path: Path) -> Path:
     return node_.install_runsc_standin(tmp_path / "bin")
 
 
-def _agent(tmp_path: Path, runsc: Path, **kwargs: object) -> AgentProcess:
+def _agent(tmp_path: Path, runsc: Path, *extra: str, **kwargs: object) -> AgentProcess:
     return AgentProcess.on_socket(
         tmp_path,
         "--worker-socket",
         str(tmp_path / "worker" / "worker.sock"),
         "--runsc",
         str(runsc),
+        *extra,
         **kwargs,  # type: ignore[arg-type]
     )
 
@@ -202,7 +204,7 @@ def hanging_agent(tmp_path, standin, runc_path):
         "RUNSC_STANDIN_HANG": "create",
         "RUNSC_STANDIN_HANG_PIDS": str(pids),
     }
-    process = _agent(tmp_path, standin, env=env)
+    process = _agent(tmp_path, standin, "--drain-timeout", "5", env=env)
     try:
         yield process, pids
     finally:
@@ -258,6 +260,8 @@ def test_sigterm_drains_lifecycle_calls_with_unavailable(hanging_agent, actor, t
         wait_for_file(pids)
     except AssertionError:
         raise AssertionError(f"{running.exception()} {process.stderr()}") from None
+    queued = worker.RunWorkload.future(actor.run(), timeout=120)  # waits for the UID's lock
+    time.sleep(1)  # for it to reach the lock (nothing shows it) before the signal
     process.process.send_signal(signal.SIGTERM)
     other = Actor(tmp_path / "other", uid="other-uid").prepare()
     code = grpc.StatusCode.OK
@@ -277,3 +281,7 @@ def test_sigterm_drains_lifecycle_calls_with_unavailable(hanging_agent, actor, t
     assert status_of(
         worker.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid=actor.uid), timeout=5
     ) == (grpc.StatusCode.OK, "")
+    # The call that waited for the lock through SIGTERM is drained too, once it has the
+    # lock (the first Run ends when the drain gives up on its hung create).
+    assert queued.exception(timeout=90).code() == grpc.StatusCode.UNAVAILABLE
+    assert "worker draining" in queued.exception().details()
