@@ -4,7 +4,8 @@ agent --worker-socket`` through a ``_pause`` + app CPU sandbox's whole life (iss
 Run, stats from the sandbox's cgroup, Checkpoint (FULL: the files, the workload torn down),
 Restore from a kept snapshot (the app's count goes on; ``restore_dir`` byte for byte as it
 was), Terminate twice; the size applied to the sandbox's cgroup; a refused checkpoint that
-keeps the actor running; a failing Run or Restore that leaves nothing behind.
+keeps the actor running; a failing Run or Restore that leaves nothing behind; an agent
+SIGKILLed and restarted on its log that still serves the UID it ran.
 """
 
 from __future__ import annotations
@@ -254,3 +255,38 @@ def test_a_failing_restore_leaves_nothing_and_the_snapshot_as_it_was(
     assert runsc_.list_ids(real_runsc, root / "bad-image.1") == []
     assert _digests(actor.restore) == kept
     assert worker.GetActiveWorkloadStats(pb.GetActiveWorkloadStatsRequest()).samples == []
+
+
+def test_a_restarted_agent_still_knows_its_uids(
+    real_runsc: Path, root: Path, tmp_path: Path
+) -> None:
+    """SIGKILL the agent while a sandbox runs: restarted on its log, the worker API still
+    finds the UID's activation (identity from the log, cgroup from _pause's bundle), measures
+    it, numbers the next activation after it, and terminates it."""
+    flags = [f"--runsc-flag={f}" for f in runsc_.GLOBAL_FLAGS]
+    args = ("--runsc", str(real_runsc), *flags, "--worker-socket", str(tmp_path / "worker.sock"))
+    actor = Actor(tmp_path / "kept", uid="kept").prepare()
+    first = AgentProcess.on_socket(tmp_path, *args)
+    try:
+        worker = connect(tmp_path / "worker.sock")
+        assert status_of(worker.RunWorkload, actor.run()) == (OK, "")
+        first.process.send_signal(9)
+        first.wait()
+    finally:
+        first.kill()
+    second = AgentProcess.on_socket(tmp_path, *args)
+    try:
+        worker = connect(tmp_path / "worker.sock")
+        sample = _stats(worker, "kept")
+        assert (sample.actor_name, sample.source) == ("counter", pb.STATS_SOURCE_CGROUP)
+        assert sample.memory_current_bytes > 0
+        code, message = status_of(worker.RunWorkload, actor.run())
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and "'kept.1'" in message
+        assert status_of(worker.TerminateWorkload, actor.terminate()) == (OK, "")
+        assert runsc_.list_ids(real_runsc, root / "kept.1") == []
+        again = Actor(tmp_path / "again", uid="kept").prepare()
+        assert status_of(worker.RunWorkload, again.run()) == (OK, "")
+        assert sorted(runsc_.list_ids(real_runsc, root / "kept.2")) == ["_pause", "app"]
+        assert status_of(worker.TerminateWorkload, again.terminate()) == (OK, "")
+    finally:
+        assert second.terminate() == 0, second.stderr()[-3000:]
