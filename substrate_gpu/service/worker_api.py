@@ -241,7 +241,7 @@ class WorkerService:
                 workload.bundle_dir, actor_id, request.cpu_milli, request.memory_bytes
             )
             # runsc restore only reads the image: restore_dir is left as it is whether or
-            # not preserve_restore_dir is set (tests/service/test_worker_api.py checks it).
+            # not preserve_restore_dir is set (tests/runsc/test_real_worker_api.py checks it).
             restore = events.RestoreRequested(actor_id=actor_id, image_path=str(image))
             await self._reach(actor_id, restore, "running", "restore")
         return pb.RestoreWorkloadResponse()
@@ -352,7 +352,7 @@ class WorkerService:
 
     def _activations(self, uid: str) -> list[actors.ActorView]:
         found = [v for v in self._agent.actors() if self._uid_of(v) == uid]
-        return sorted(found, key=lambda v: int(v.actor_id.rpartition(".")[2] or 0))
+        return sorted(found, key=_activation_number)
 
     def _not_executing(self, uid: str) -> None:
         view = self._live(uid)
@@ -563,6 +563,12 @@ class WorkerService:
             raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
         return answer
+
+
+def _activation_number(view: actors.ActorView) -> int:
+    """``n`` of an actor ``<uid>.<n>`` (0 for one the JSON door registered otherwise)."""
+    suffix = view.actor_id.rpartition(".")[2]
+    return int(suffix) if suffix.isdigit() else 0
 
 
 def _serialize(response: message.Message) -> bytes:

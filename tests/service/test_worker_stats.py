@@ -153,3 +153,19 @@ def test_a_deleted_activation_is_not_executing(tmp_path):
     assert (
         anyio.run(service.GetActiveWorkloadStats, pb.GetActiveWorkloadStatsRequest()).samples == []
     )
+
+
+def test_an_actor_of_the_uid_named_otherwise_is_still_found(tmp_path):
+    """An actor the JSON door registered with the UID's identity but another id counts as
+    an activation of it (ordered before the numbered ones), never an error."""
+    view = _view(tmp_path, "running")
+    other = actors.ActorView(
+        **{**{f: getattr(view, f) for f in view.__struct_fields__}, "actor_id": "by-hand"}
+    )
+    service = worker_api.WorkerService(
+        _Door([other]),  # type: ignore[arg-type]
+        runsc="runsc",
+        cgroup_root=_v2(tmp_path / "cg"),
+    )
+    reply = anyio.run(service.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid="u"))
+    assert reply.sample.actor_uid == "u"
