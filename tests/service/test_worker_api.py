@@ -285,3 +285,32 @@ def test_sigterm_drains_lifecycle_calls_with_unavailable(hanging_agent, actor, t
     # lock (the first Run ends when the drain gives up on its hung create).
     assert queued.exception(timeout=90).code() == grpc.StatusCode.UNAVAILABLE
     assert "worker draining" in queued.exception().details()
+
+
+def test_terminate_deletes_app_containers_first_and_pause_last(tmp_path, standin, runc_path):
+    """The runsc commands a Run and a Terminate issue (the stand-in's argv log): the sandbox
+    is made _pause first and deleted _pause last; a second Terminate issues nothing."""
+    import json
+
+    argv_log = tmp_path / "argv.jsonl"
+    env = {"RUNSC_STANDIN_RUNC": runc_path, "RUNSC_STANDIN_ARGV_LOG": str(argv_log)}
+    process = _agent(tmp_path, standin, env=env)
+    try:
+        worker = connect(tmp_path / "worker" / "worker.sock")
+        actor = Actor(tmp_path / "order", uid="order", apps=("app", "side")).prepare()
+        assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
+
+        def commands(verb: str) -> list[str]:
+            lines = [json.loads(line) for line in argv_log.read_text().splitlines()]
+            return [argv[-1] for argv in lines if verb in argv]
+
+        assert commands("create") == ["_pause", "app", "side"]
+        assert status_of(worker.TerminateWorkload, actor.terminate()) == (grpc.StatusCode.OK, "")
+        deletes = commands("delete")
+        assert deletes[-1] == "_pause" and set(deletes[:-1]) >= {"app", "side"}
+        assert "_pause" not in deletes[:-1]
+        before = len(argv_log.read_text().splitlines())
+        assert status_of(worker.TerminateWorkload, actor.terminate()) == (grpc.StatusCode.OK, "")
+        assert len(argv_log.read_text().splitlines()) == before
+    finally:
+        process.terminate()
