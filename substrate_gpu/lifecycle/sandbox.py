@@ -176,6 +176,18 @@ def _failed(sandbox: Sandbox, doing: str, name: str, error: BaseException) -> Sa
     )
 
 
+async def _create_pause(sandbox: Sandbox, *, nvproxy: bool) -> None:
+    """``create _pause``; if it exists already, the sandbox is a leftover: deleted, and the
+    create tried once more. (A runsc command of an agent killed mid-effect runs on in its
+    own session and may finish after recovery decided nothing was made: its sandbox would
+    otherwise block every later create or restore of the actor.)"""
+    try:
+        await sandbox.runtime.create(PAUSE, sandbox.bundle_of(PAUSE), nvproxy=nvproxy)
+    except runsc.ContainerExistsError:
+        await delete_quietly(sandbox)
+        await sandbox.runtime.create(PAUSE, sandbox.bundle_of(PAUSE), nvproxy=nvproxy)
+
+
 async def create(sandbox: Sandbox, *, nvproxy: bool) -> None:
     """``create _pause`` (``--nvproxy`` for a GPU sandbox), ``start _pause``, ``create``
     each app. On a failure, what was made is deleted and :class:`SandboxError` raised."""
@@ -184,7 +196,7 @@ async def create(sandbox: Sandbox, *, nvproxy: bool) -> None:
     made: list[str] = []
     step, name = "creating", PAUSE
     try:
-        await runtime.create(PAUSE, sandbox.bundle_of(PAUSE), nvproxy=nvproxy)
+        await _create_pause(sandbox, nvproxy=nvproxy)
         made.append(PAUSE)
         step = "starting"
         await runtime.start(PAUSE)
@@ -238,7 +250,10 @@ async def restore(sandbox: Sandbox, image: Path, *, nvproxy: bool) -> None:
     for name in sandbox.containers:
         step = "creating"
         try:
-            await runtime.create(name, sandbox.bundle_of(name), nvproxy=nvproxy)
+            if name == PAUSE:
+                await _create_pause(sandbox, nvproxy=nvproxy)
+            else:
+                await runtime.create(name, sandbox.bundle_of(name), nvproxy=nvproxy)
             made.append(name)
             step = "restoring"
             await runtime.restore(name, sandbox.bundle_of(name), image, nvproxy=nvproxy)
@@ -318,9 +333,10 @@ def summarize(effect: str, found: Mapping[str, registry.RuntimeStatus]) -> regis
 
     - ``checkpoint`` and the CUDA effects: ``_pause``'s (the sandbox runs, or not);
     - otherwise: ``missing`` when nothing exists; the apps' common status while ``_pause``
-      runs (``created`` after a whole ``create``, ``running`` after ``start`` or a whole
-      ``restore``); every container's when they all agree; and ``creating`` (part-made, the
-      status every rule reads as "the effect did not complete") for any other mix.
+      runs, when it is ``created`` (a whole ``create``) or ``running`` (a whole ``start``
+      or ``restore``); every container's when they all agree; and ``creating`` (part-made,
+      the status every rule reads as "the effect did not complete") for any other mix, such
+      as ``_pause`` running beside missing apps.
     """
     values = set(found.values())
     if "unknown" in values:
@@ -334,7 +350,7 @@ def summarize(effect: str, found: Mapping[str, registry.RuntimeStatus]) -> regis
         # (every container merely created: never a whole create, which starts _pause)
         return pause
     apps = {status for name, status in found.items() if name != PAUSE}
-    if pause in {"running", "paused"} and len(apps) == 1:
+    if pause in {"running", "paused"} and len(apps) == 1 and apps <= {"created", "running"}:
         return apps.pop()
     return "creating"
 

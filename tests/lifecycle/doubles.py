@@ -114,7 +114,9 @@ class FakeRuntime:
         argv = ("runsc", *(["--nvproxy"] if nvproxy else []), "create", container_id)
         await self._enter("create", argv)
         if container_id in self.containers:
-            raise _error(runsc.RunscError, argv, f"container {container_id} already exists")
+            raise _error(
+                runsc.ContainerExistsError, argv, f"container {container_id} already exists"
+            )
         self._next_pid += 1
         self.containers[container_id] = _Container("created", self._next_pid, str(bundle), nvproxy)
 

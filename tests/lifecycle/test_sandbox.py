@@ -195,6 +195,30 @@ async def test_deleting_an_exited_sandbox_retries_its_apps_after_pause(
     assert deletes == ["side", "app", "_pause", "app"]
 
 
+async def test_a_leftover_sandbox_the_actor_does_not_know_of_is_replaced(
+    make_agent: MakeAgent, runtime: FakeRuntime, tmp_path: Path
+) -> None:
+    """A runsc create of a killed agent finished after recovery (the actor believes no
+    container exists): the next create finds _pause taken, deletes the leftover, goes on."""
+    bundle = _bundles(tmp_path)
+    stray = runtime.for_actor("s")
+    stray.containers = {
+        n: _Container("created", 9, "/b", False)  # type: ignore[arg-type]
+        for n in ("_pause", "app")
+    }
+    async with make_agent() as agent:
+        await _run(agent, bundle, gpu=False)
+    calls = _sandbox_calls(runtime)
+    assert calls[:4] == [
+        ("create", "_pause"),
+        ("delete", "side"),
+        ("delete", "app"),
+        ("delete", "_pause"),
+    ]
+    assert set(stray.containers) == {"_pause", *APPS}
+    assert {c.status for c in stray.containers.values()} == {"running"}
+
+
 async def test_a_single_container_actor_is_untouched_by_sandboxes(
     make_agent: MakeAgent, runtime: FakeRuntime, tmp_path: Path
 ) -> None:
@@ -300,6 +324,8 @@ def test_an_unusable_config_is_refused_naming_the_container(
         pytest.param("create", ("running", "created", "created"), "created", id="whole-create"),
         pytest.param("create", ("running", "created", "missing"), "creating", id="half-created"),
         pytest.param("create", ("created", "missing", "missing"), "creating", id="pause-only"),
+        pytest.param("create", ("running", "missing", "missing"), "creating", id="apps-missing"),
+        pytest.param("restore", ("running", "stopped", "stopped"), "creating", id="apps-stopped"),
         pytest.param("create", ("created", "created", "created"), "creating", id="none-started"),
         pytest.param("start", ("running", "running", "running"), "running", id="whole-start"),
         pytest.param("start", ("running", "running", "created"), "creating", id="half-started"),

@@ -141,17 +141,37 @@ def test_a_sandbox_actors_whole_life_over_the_socket(
     _no_sandbox_process_left(root)
 
 
+def _wait_for_orphaned_commands(runsc: Path, actor_root: Path, timeout: float = 60) -> None:
+    """Until no runsc command the killed agent started under ``actor_root`` still runs (each
+    runs in its own session and outlives the agent; sandboxes and gofers rename themselves
+    ``runsc-sandbox``/``runsc-gofer``, so only commands match)."""
+    deadline = time.monotonic() + timeout
+    pattern = f"^{runsc} --root {actor_root} "
+    while subprocess.run(["pgrep", "-f", pattern], capture_output=True, check=False).stdout:
+        assert time.monotonic() < deadline, "a runsc command of the killed agent hangs"
+        time.sleep(0.05)
+
+
 def _restart_and_rest(tmp: Path, runsc: Path, actor_id: str) -> tuple[AgentProcess, str]:
     agent = _agent(tmp, runsc)
     return agent, _wait_logged(agent.log, actor_id, RESTING)
 
 
+@pytest.mark.parametrize(
+    "delay",
+    [
+        pytest.param(0.0, id="before-runsc-runs"),
+        pytest.param(0.15, id="between-runsc-commands"),
+    ],
+)
 def test_the_agent_sigkilled_after_each_step_recovers_the_sandbox(
-    real_runsc: Path, tmp_path: Path, root: Path
+    real_runsc: Path, tmp_path: Path, root: Path, delay: float
 ) -> None:
-    """SIGKILL right after each request is logged (its effect in flight or just done);
+    """SIGKILL ``delay`` seconds after each request is logged (its effect not started, or
+    part-way through its runsc commands); once the runsc command it was running has ended,
     the restarted agent reconciles every container to a resting state that matches runsc,
-    and the next step goes on from there; at the end nothing is left."""
+    and the next step goes on from there; at the end nothing is left. (An agent restarted
+    while that command still runs can decide before it lands: docs/runsc.md.)"""
     bundle = _sandbox_bundles(tmp_path / "k1")
     actor_root = root / "k1"
     steps: list[tuple[str, list[dict[str, object]], set[str]]] = [
@@ -166,10 +186,12 @@ def test_the_agent_sigkilled_after_each_step_recovers_the_sandbox(
         try:
             with agent.client() as client:
                 assert all(a["ok"] for a in client.requests(requests)), name
+            time.sleep(delay)
             agent.process.send_signal(signal.SIGKILL)
             agent.wait()
         finally:
             agent.kill()
+        _wait_for_orphaned_commands(real_runsc, actor_root)
         agent, rested = _restart_and_rest(tmp_path, real_runsc, "k1")
         try:
             listed = sorted(runsc_.list_ids(real_runsc, actor_root))
