@@ -47,6 +47,12 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Unix socket to serve (created mode 0600; its directory 0700 when absent)",
     )
     io.add_argument(
+        "--worker-socket",
+        type=Path,
+        help="also serve agent-substrate's worker API (gRPC ateworker.Worker) on this Unix "
+        "socket; atelet expects /var/lib/ate/workers/<pod uid>/worker.sock (docs/worker-api.md)",
+    )
+    io.add_argument(
         "--stdin",
         action="store_true",
         help="also read requests from stdin, answers on stdout (alone: exit at EOF)",
@@ -200,6 +206,7 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
     return config_.AgentConfig(
         event_log=args.event_log,
         socket=args.socket,
+        worker_socket=args.worker_socket,
         stdin=args.stdin,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
@@ -231,9 +238,11 @@ def run(args: argparse.Namespace) -> int:
     config = config_from(args)
     if args.demo:
         return _run_demo(config)
-    if config.socket is None and not config.stdin:
+    if config.socket is None and config.worker_socket is None and not config.stdin:
         # A command-line mistake (exit 2, with the agent's usage), not a failure.
-        args.usage_error("no input: give --socket PATH and/or --stdin (or --demo)")
+        args.usage_error(
+            "no input: give --socket PATH, --worker-socket PATH and/or --stdin (or --demo)"
+        )
     return anyio.run(functools.partial(server.run, config))
 
 

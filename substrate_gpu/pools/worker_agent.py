@@ -29,7 +29,15 @@ container resumes from its event log and restores suspended actors from their ch
   the agent's Unix socket, reachable by the node's lifecycle driver (a process on the host
   or a container mounting the same path). Keyed by the pod's uid, not its name, because
   a Unix socket path is limited to 107 bytes: ``/run/substrate-gpu/workers/<36>/agent.sock``
-  is 74.
+  is 74;
+- ``/var/lib/ate`` on the host, at the same path (upstream's ``nodepath.BasePath``, which
+  atelet and every worker pod mount alike): the worker API socket atelet dials,
+  ``/var/lib/ate/workers/<pod uid>/worker.sock`` (upstream's ``nodepath.WorkerSocketPath``;
+  70 bytes), and the per-actor directories atelet prepares under ``/var/lib/ate/actors``
+  (bundles, checkpoint and restore directories) that the worker API's calls name. The agent
+  serves ``ateworker.Worker`` there (``--worker-socket``, docs/worker-api.md). Registering
+  the worker with atelet (``AteomSupport/RegisterWorker`` over mTLS) is not done: out of
+  scope, see docs/worker-api.md.
 
 Metrics, ``/healthz`` and ``/readyz`` are served on the agent's port (9477), on every
 address (the kubelet probes the pod's IP). The grace period exceeds the agent's drain
@@ -51,6 +59,8 @@ from substrate_gpu.pools import model
 __all__ = [
     "AGENT_ARGS",
     "AGENT_COMMAND",
+    "ATE_BASE_PATH",
+    "ATE_VOLUME",
     "CHECKPOINT_ROOT",
     "DRAIN_TIMEOUT_S",
     "EVENT_LOG",
@@ -66,6 +76,7 @@ __all__ = [
     "STATE_MOUNT_PATH",
     "STATE_VOLUME",
     "TERMINATION_GRACE_S",
+    "WORKER_SOCKET",
     "run_agent_in",
 ]
 
@@ -77,9 +88,17 @@ SOCKET_VOLUME: Final = "substrate-gpu-socket"
 SOCKET_HOST_PATH: Final = "/run/substrate-gpu/workers"
 SOCKET_MOUNT_PATH: Final = "/run/substrate-gpu"
 
+ATE_VOLUME: Final = "ate-base"
+ATE_BASE_PATH: Final = "/var/lib/ate"
+"""Upstream's ``nodepath.BasePath`` at 533900d: mounted at the same path in atelet and workers."""
+
 EVENT_LOG: Final = f"{STATE_MOUNT_PATH}/events.jsonl"
 CHECKPOINT_ROOT: Final = f"{STATE_MOUNT_PATH}/checkpoints"
 SOCKET: Final = f"{SOCKET_MOUNT_PATH}/agent.sock"
+_POD_UID: Final = "SUBSTRATE_GPU_POD_UID"
+WORKER_SOCKET: Final = f"{ATE_BASE_PATH}/workers/$({_POD_UID})/worker.sock"
+"""Where atelet dials the worker API (``nodepath.WorkerSocketPath(podUID)``); the kubelet
+expands ``$(SUBSTRATE_GPU_POD_UID)`` (the downward API's ``metadata.uid``) in the args."""
 
 METRICS_PORT: Final = _defaults.METRICS_PORT
 METRICS_PORT_NAME: Final = "metrics"
@@ -94,7 +113,6 @@ agent must land there, whether or not the cluster's ExtendedResourceToleration a
 # Downward API values the subPathExprs expand (they must be the container's env).
 _POD_NAME: Final = "SUBSTRATE_GPU_POD_NAME"
 _POD_NAMESPACE: Final = "SUBSTRATE_GPU_POD_NAMESPACE"
-_POD_UID: Final = "SUBSTRATE_GPU_POD_UID"
 _POOL: Final = "SUBSTRATE_GPU_WORKER_POOL"
 _DOWNWARD: Final = (
     (_POD_NAMESPACE, "metadata.namespace"),
@@ -108,6 +126,8 @@ AGENT_ARGS: Final = (
     "agent",
     "--socket",
     SOCKET,
+    "--worker-socket",
+    WORKER_SOCKET,
     "--event-log",
     EVENT_LOG,
     "--checkpoint-root",
@@ -160,6 +180,7 @@ def run_agent_in(container: dict[str, object], pod_spec: dict[str, object]) -> N
                 "mountPath": SOCKET_MOUNT_PATH,
                 "subPathExpr": f"$({_POD_UID})",
             },
+            {"name": ATE_VOLUME, "mountPath": ATE_BASE_PATH},
         ]
     )
     _list(pod_spec, "volumes").extend(
@@ -171,6 +192,10 @@ def run_agent_in(container: dict[str, object], pod_spec: dict[str, object]) -> N
             {
                 "name": SOCKET_VOLUME,
                 "hostPath": {"path": SOCKET_HOST_PATH, "type": "DirectoryOrCreate"},
+            },
+            {
+                "name": ATE_VOLUME,
+                "hostPath": {"path": ATE_BASE_PATH, "type": "DirectoryOrCreate"},
             },
         ]
     )

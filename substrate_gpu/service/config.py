@@ -28,6 +28,9 @@ class AgentConfig:
     """The event log (created when absent, recovered and resumed when present)."""
     socket: Path | None = None
     """The Unix socket requests arrive on (mode 0600)."""
+    worker_socket: Path | None = None
+    """The Unix socket agent-substrate's worker API (``ateworker.Worker``, gRPC) is served on
+    (mode 0600; docs/worker-api.md)."""
     stdin: bool = False
     """Also read requests from stdin (acknowledgements on stdout)."""
     metrics_host: str = DEFAULT_HOST

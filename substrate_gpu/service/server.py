@@ -69,7 +69,7 @@ import structlog
 from anyio.abc import ByteStream, SocketListener, TaskGroup, TaskStatus
 
 from substrate_gpu import eventlog, exceptions
-from substrate_gpu.lifecycle import Agent, allocation, errors, events, machine
+from substrate_gpu.lifecycle import Agent, allocation, errors, events, hooks, machine
 from substrate_gpu.lifecycle.effects import GpuInjector
 from substrate_gpu.observability.http import MetricsServer
 from substrate_gpu.observability.metrics import AgentMetrics
@@ -98,16 +98,24 @@ class AgentService:
 
     async def submit(self, event: events.Event, line_number: int = 0) -> bytes:
         """Submit ``event``; the response line (an ack, the machine's refusal, unavailable)."""
+        accepted = await self.accept(event)
+        if isinstance(accepted, protocol.RequestError):
+            return self.reject(accepted, line_number)
+        return protocol.ack(wiring.SeqTap.seq_of_last_submit(), accepted)
+
+    async def accept(self, event: events.Event) -> hooks.Transition | protocol.RequestError:
+        """Submit ``event``: the transition it caused, or why it was not accepted (the
+        machine's refusal, or unavailable once the log failed). Both doors (JSON lines,
+        the worker API) submit through here; the caller counts a refusal (:meth:`reject`)."""
         if self.log_failure is not None:
-            return self.reject(unavailable(self.log_failure), line_number)
+            return unavailable(self.log_failure)
         try:
-            transition = await self.agent.submit(event)
+            return await self.agent.submit(event)
         except errors.InvalidEvent as e:
-            return self.reject(protocol.classify_refusal(e, self.agent.spec), line_number)
+            return protocol.classify_refusal(e, self.agent.spec)
         except (eventlog.EventLogError, errors.AgentClosedError) as e:
             self._log_failed(e)
-            return self.reject(unavailable(self.log_failure or str(e)), line_number)
-        return protocol.ack(wiring.SeqTap.seq_of_last_submit(), transition)
+            return unavailable(self.log_failure or str(e))
 
     async def handle_line(self, line: bytes, line_number: int) -> bytes | None:
         """The response to one request line; None for a blank line (ignored). Never raises
@@ -758,7 +766,20 @@ async def _serve(
     components: Components | None,
     on_ready: Callable[[Running], None] | None,
 ) -> int:
-    async with running_agent(config, components) as running:
+    # The worker door outlives the agent's drain (running_agent's exit): a call arriving
+    # then is answered UNAVAILABLE, not refused by a closed socket.
+    async with contextlib.AsyncExitStack() as doors, running_agent(config, components) as running:
+        worker = None
+        if config.worker_socket is not None:
+            # grpc is loaded only by an agent serving the worker API.
+            from substrate_gpu.service import worker_api  # noqa: PLC0415
+
+            worker = worker_api.WorkerService(
+                running.service, runsc=config.runsc, dev_root=config.dev_root
+            )
+            await doors.enter_async_context(
+                worker_api.serving(worker, config.worker_socket, _claim_socket_path)
+            )
         async with anyio.create_task_group() as intake:
             intake.start_soon(_watch_signals, running.stop)
             if config.socket is not None:
@@ -776,6 +797,7 @@ async def _serve(
             log.info(
                 "agent serving",
                 socket=str(config.socket) if config.socket else None,
+                worker_socket=str(config.worker_socket) if config.worker_socket else None,
                 stdin=config.stdin,
                 metrics=running.metrics_url,
                 event_log=str(config.event_log) if config.event_log else None,
@@ -783,6 +805,8 @@ async def _serve(
             if on_ready is not None:
                 on_ready(running)
             await running.stop.wait()
+            if worker is not None:
+                worker.draining = True
             running.health.draining()
             running.service.begin_shutdown(config.drain_timeout)
             intake.cancel_scope.cancel()

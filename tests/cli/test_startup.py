@@ -14,7 +14,14 @@ import pytest
 from eventlog import logs
 
 #: What the agent, controller and demo need, and no everyday command.
-AGENT_STACK = ("prometheus_client", "anyio", "substrate_gpu.lifecycle", "kopf")
+AGENT_STACK = (
+    "prometheus_client",
+    "anyio",
+    "substrate_gpu.lifecycle",
+    "kopf",
+    "grpc",
+    "google.protobuf",
+)
 
 #: The agent's own layers and libraries, which no one-shot command loads.
 AGENT_ONLY = (

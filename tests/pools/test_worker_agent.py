@@ -255,3 +255,26 @@ def test_docs_show_the_command_line_the_pods_run() -> None:
     """docs/agent.md's pod table quotes the exact command line a GPU worker runs."""
     command = " ".join([*worker_agent.AGENT_COMMAND, *worker_agent.AGENT_ARGS])
     assert f"`{command}`" in (ROOT / "docs" / "agent.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("deployment", GPU_DEPLOYMENTS)
+def test_the_worker_api_is_served_where_atelet_dials_it(deployment: dict[str, Any]) -> None:
+    """``--worker-socket`` is upstream's ``nodepath.WorkerSocketPath(podUID)``:
+    ``/var/lib/ate/workers/<pod uid>/worker.sock``, on the host's ``/var/lib/ate`` mounted at
+    the same path (as atelet mounts it), the uid from the downward API, under 107 bytes."""
+    container = gpu_container(deployment)
+    settings = agent_config(container)
+    assert (
+        str(settings.worker_socket) == "/var/lib/ate/workers/$(SUBSTRATE_GPU_POD_UID)/worker.sock"
+    )
+    env = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container["env"]
+        if "valueFrom" in e
+    }
+    assert env["SUBSTRATE_GPU_POD_UID"] == "metadata.uid"
+    mount = mount_of(container, str(settings.worker_socket))
+    assert mount == {"name": worker_agent.ATE_VOLUME, "mountPath": "/var/lib/ate"}
+    assert volume(deployment, mount["name"])["hostPath"]["path"] == "/var/lib/ate"
+    on_host = str(settings.worker_socket).replace("$(SUBSTRATE_GPU_POD_UID)", "0" * 36)
+    assert len(on_host.encode()) <= 107

@@ -1,0 +1,199 @@
+"""From a worker API request to what our machine is told: checks, GPUs, sizing.
+
+Pure where it can be: :func:`check_uid`, :func:`check_containers` and :func:`sized` work on
+values; :func:`read_workload` and :func:`apply_size` read and write the bundles atelet
+prepared. Every refusal is a :class:`BadRequest` naming the request field (or the file) at
+fault, which the servicer answers with ``INVALID_ARGUMENT``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from substrate_gpu import _atomic, exceptions
+from substrate_gpu.cdi import names
+from substrate_gpu.lifecycle import events
+
+PAUSE: Final = events.PAUSE_CONTAINER
+"""The sandbox's root container, implied by every request (upstream's ``PauseContainer``)."""
+
+#: An actor UID becomes part of our activation ids (``<uid>.<n>``), so runsc container and
+#: directory names: the characters an actor id may hold, short enough for the suffix.
+UID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,100}")
+#: The CDI convention for device requests in an OCI config: ``cdi.k8s.io/<any key>`` =
+#: a comma-separated list of fully qualified device names.
+CDI_ANNOTATION_PREFIX: Final = "cdi.k8s.io/"
+#: The cgroup v2 ``cpu.max`` period the CPU quota is expressed against (the kernel's default).
+CPU_PERIOD_USEC: Final = 100_000
+#: Where a sandbox's cgroup goes when its root bundle names none (see :func:`apply_size`).
+CGROUP_PARENT: Final = "/substrate-gpu"
+MAX_CONFIG_BYTES: Final = 4 * 1024 * 1024
+
+
+class BadRequest(exceptions.SubstrateGpuError):
+    """A request field (or a file it points at) is not usable: INVALID_ARGUMENT."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a Run or Restore request asks of our machine."""
+
+    containers: tuple[str, ...]
+    """The app containers, in order (``_pause`` implied)."""
+    bundle_dir: Path
+    """``actor_dirs.oci_bundle_dir``: one bundle per container, ``_pause`` included."""
+    gpu_names: tuple[str, ...]
+    """The CDI devices the app containers' configs request (empty: none requested)."""
+
+
+def check_uid(uid: str, field: str = "actor_uid") -> str:
+    """``uid`` when it can name an actor here; a :class:`BadRequest` naming ``field``."""
+    if not uid:
+        raise BadRequest(f"{field} is required")
+    if not UID.fullmatch(uid):
+        raise BadRequest(
+            f"{field} {uid!r} is not usable as an actor id here: 1-101 characters of "
+            "[A-Za-z0-9_.-], starting with a letter or digit"
+        )
+    return uid
+
+
+def check_containers(names_: Sequence[str]) -> tuple[str, ...]:
+    """The app container names of ``spec.containers``, checked (order kept)."""
+    if not names_:
+        raise BadRequest("spec.containers is empty: a workload has at least one app container")
+    seen: set[str] = set()
+    for i, name in enumerate(names_):
+        where = f"spec.containers[{i}].name"
+        if name == PAUSE:
+            raise BadRequest(f"{where} is {PAUSE!r}: the sandbox's root, implied, never listed")
+        if not events.CONTAINER_NAME.fullmatch(name):
+            raise BadRequest(
+                f"{where} {name!r} is not a container name: 1-63 characters of "
+                "[A-Za-z0-9_.-], starting with a letter or digit"
+            )
+        if name in seen:
+            raise BadRequest(f"{where} {name!r} is listed twice")
+        seen.add(name)
+    return tuple(names_)
+
+
+def check_dir(path: str, field: str) -> Path:
+    """``path`` as an existing absolute directory; a :class:`BadRequest` naming ``field``."""
+    if not path:
+        raise BadRequest(f"{field} is required")
+    directory = Path(path)
+    if not directory.is_absolute():
+        raise BadRequest(f"{field} {path!r} is not an absolute path")
+    if not directory.is_dir():
+        raise BadRequest(f"{field} {path!r} is not a directory")
+    return directory
+
+
+def read_workload(bundle_dir: str, container_names: Sequence[str]) -> Workload:
+    """Check every bundle of the sandbox exists and read the app containers' CDI requests."""
+    root = check_dir(bundle_dir, "actor_dirs.oci_bundle_dir")
+    containers = check_containers(container_names)
+    _read_config(root / PAUSE)
+    requested: dict[str, None] = {}
+    for name in containers:
+        config = _read_config(root / name)
+        for device in cdi_requests(config, root / name / "config.json"):
+            requested.setdefault(device)
+    return Workload(containers=containers, bundle_dir=root, gpu_names=tuple(requested))
+
+
+def cdi_requests(config: Mapping[str, object], where: Path) -> list[str]:
+    """The devices ``config``'s ``cdi.k8s.io/*`` annotations request, in order (checked)."""
+    annotations = config.get("annotations")
+    if not isinstance(annotations, dict):
+        return []
+    found: list[str] = []
+    for key, value in annotations.items():
+        if not (isinstance(key, str) and key.startswith(CDI_ANNOTATION_PREFIX)):
+            continue
+        if not isinstance(value, str):
+            raise BadRequest(f"{where}: annotation {key!r} is not a string")
+        for item in value.split(","):
+            device = item.strip()
+            if not device:
+                continue
+            try:
+                names.parse_qualified_name(device)
+            except exceptions.DeviceRequestError as e:
+                raise BadRequest(f"{where}: annotation {key!r}: {e}") from e
+            found.append(device)
+    return found
+
+
+def sized(config: dict[str, object], cpu_milli: int, memory_bytes: int, cgroup: str) -> str:
+    """Write the actor's size into the root container's ``config`` (in place), as upstream
+    does: ``linux.resources`` (a CPU quota of ``cpu_milli`` per 1000 over
+    :data:`CPU_PERIOD_USEC`, a memory limit), which runsc applies to the sandbox's cgroup. A
+    config naming no ``linux.cgroupsPath`` is given ``cgroup``, so the sandbox has a cgroup
+    of its own to be sized and measured by. 0 (or less) leaves a limit unset. Returns the
+    sandbox's cgroup path."""
+    linux = config.setdefault("linux", {})
+    if not isinstance(linux, dict):
+        raise BadRequest(f"{PAUSE}/config.json: linux is not an object")
+    path = linux.setdefault("cgroupsPath", cgroup)
+    if not isinstance(path, str):
+        raise BadRequest(f"{PAUSE}/config.json: linux.cgroupsPath is not a string")
+    if cpu_milli > 0 or memory_bytes > 0:
+        resources = linux.setdefault("resources", {})
+        if not isinstance(resources, dict):
+            raise BadRequest(f"{PAUSE}/config.json: linux.resources is not an object")
+        if cpu_milli > 0:
+            cpu = resources.setdefault("cpu", {})
+            if isinstance(cpu, dict):
+                cpu["period"] = CPU_PERIOD_USEC
+                cpu["quota"] = cpu_milli * CPU_PERIOD_USEC // 1000
+        if memory_bytes > 0:
+            memory = resources.setdefault("memory", {})
+            if isinstance(memory, dict):
+                memory["limit"] = memory_bytes
+    return path
+
+
+def apply_size(bundle_dir: Path, actor_id: str, cpu_milli: int, memory_bytes: int) -> str:
+    """:func:`sized` on ``_pause``'s config.json (rewritten atomically); the sandbox's cgroup."""
+    path = bundle_dir / PAUSE / "config.json"
+    config = _read_config(bundle_dir / PAUSE)
+    cgroup = sized(config, cpu_milli, memory_bytes, f"{CGROUP_PARENT}/{actor_id}")
+    try:
+        _atomic.write_atomically(path, msgspec.json.encode(config))
+    except OSError as e:
+        raise BadRequest(f"while writing {path}: {e.strerror or e}") from e
+    return cgroup
+
+
+def read_pause_config(bundle_dir: Path) -> dict[str, object]:
+    """``_pause``'s config.json in ``bundle_dir``."""
+    return _read_config(bundle_dir / PAUSE)
+
+
+def _read_config(bundle: Path) -> dict[str, object]:
+    path = bundle / "config.json"
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise BadRequest(
+            f"actor_dirs.oci_bundle_dir: {path} cannot be read ({e.strerror or e}); "
+            f"every container, {PAUSE} included, needs its bundle there"
+        ) from e
+    if len(data) > MAX_CONFIG_BYTES:
+        raise BadRequest(f"{path} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        config = msgspec.json.decode(data)
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"{path} is not JSON: {e}") from e
+    if not isinstance(config, dict):
+        raise BadRequest(f"{path} is not a JSON object")
+    return config

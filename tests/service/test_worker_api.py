@@ -1,0 +1,316 @@
+"""``substrate-gpu agent --worker-socket``: the worker API's calls and status codes, driven by a
+gRPC client built from our stubs against the real agent process (runsc: the stand-in).
+
+The whole life on real runsc is tests/runsc/test_real_worker_api.py; these pin the contract
+that needs no sandbox to run (every refusal), and the ones a stand-in can stage (a runsc that
+hangs: stats answer at once, SIGTERM drains with UNAVAILABLE).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from substrate_gpu.service.ateworker import ateworker_pb2 as pb
+from substrate_gpu.testing import node as node_
+
+from .agentproc import AgentProcess
+from .workerclient import Actor, connect, status_of
+
+pytestmark = pytest.mark.runc
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+NOT_FOUND = grpc.StatusCode.NOT_FOUND
+PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
+
+
+@pytest.fixture
+def standin(tmp_path: Path) -> Path:
+    return node_.install_runsc_standin(tmp_path / "bin")
+
+
+def _agent(tmp_path: Path, runsc: Path, *extra: str, **kwargs: object) -> AgentProcess:
+    return AgentProcess.on_socket(
+        tmp_path,
+        "--worker-socket",
+        str(tmp_path / "worker" / "worker.sock"),
+        "--runsc",
+        str(runsc),
+        *extra,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def agent(tmp_path, standin, runc_path):
+    process = _agent(tmp_path, standin, env={"RUNSC_STANDIN_RUNC": runc_path})
+    try:
+        yield process
+    finally:
+        process.terminate()
+
+
+@pytest.fixture
+def worker(agent, tmp_path):
+    return connect(tmp_path / "worker" / "worker.sock")
+
+
+@pytest.fixture
+def actor(tmp_path):
+    return Actor(tmp_path / "actor").prepare()
+
+
+def test_the_worker_socket_is_private(agent, tmp_path):
+    """The socket is mode 0600 in a 0700 directory made for it, like the JSON socket."""
+    sock = tmp_path / "worker" / "worker.sock"
+    connect(sock)
+    assert sock.stat().st_mode & 0o777 == 0o600
+    assert sock.parent.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize(
+    ("change", "code", "names"),
+    [
+        pytest.param({"actor_uid": ""}, INVALID, "actor_uid is required", id="no-uid"),
+        pytest.param({"actor_uid": "a/b"}, INVALID, "actor_uid 'a/b'", id="bad-uid"),
+        pytest.param(
+            {"actor_dirs": pb.ActorDirs(oci_bundle_dir="/nonexistent/bundles")},
+            INVALID,
+            "actor_dirs.oci_bundle_dir '/nonexistent/bundles' is not a directory",
+            id="no-bundle-dir",
+        ),
+        pytest.param(
+            {"actor_dirs": pb.ActorDirs(oci_bundle_dir="bundles")},
+            INVALID,
+            "not an absolute path",
+            id="relative-bundle-dir",
+        ),
+        pytest.param(
+            {"spec": pb.WorkloadSpec(containers=[pb.Container(name="missing")])},
+            INVALID,
+            "missing/config.json cannot be read",
+            id="no-bundle-for-a-container",
+        ),
+        pytest.param(
+            {"spec": pb.WorkloadSpec()}, INVALID, "spec.containers is empty", id="no-containers"
+        ),
+        pytest.param(
+            {"spec": pb.WorkloadSpec(containers=[pb.Container(name="_pause")])},
+            INVALID,
+            "spec.containers[0].name is '_pause'",
+            id="pause-listed",
+        ),
+        pytest.param(
+            {"spec": pb.WorkloadSpec(containers=[pb.Container(name="app")] * 2)},
+            INVALID,
+            "spec.containers[1].name 'app' is listed twice",
+            id="twice",
+        ),
+        pytest.param(
+            {"runsc_path": "relative/runsc"}, INVALID, "runsc_path 'relative/runsc'", id="runsc"
+        ),
+        pytest.param(
+            {"runsc_path": "/bin/sh"},
+            PRECONDITION,
+            "runsc_path '/bin/sh' is not the runsc this agent runs",
+            id="another-runsc",
+        ),
+    ],
+)
+def test_run_refuses_a_bad_request_naming_the_field(worker, actor, change, code, names):
+    """A request the worker cannot use is refused with the field (or file) at fault named,
+    and nothing is registered for it."""
+    got, message = status_of(worker.RunWorkload, actor.run(**change))
+    assert (got, names in message) == (code, True), message
+    assert worker.GetActiveWorkloadStats(pb.GetActiveWorkloadStatsRequest()).samples == []
+
+
+def test_a_bad_cdi_annotation_is_refused_naming_the_file(worker, tmp_path):
+    """A ``cdi.k8s.io/*`` annotation that is not a list of qualified device names."""
+    actor = Actor(tmp_path / "cdi", annotations={"cdi.k8s.io/gpu": "gpu0"}).prepare()
+    code, message = status_of(worker.RunWorkload, actor.run())
+    assert code == INVALID
+    assert "app/config.json: annotation 'cdi.k8s.io/gpu'" in message and "gpu0" in message
+
+
+def test_the_same_runsc_binary_elsewhere_is_honoured(worker, actor, standin, tmp_path):
+    """A runsc_path with our binary's bytes (atelet stages runsc content-addressed) passes
+    the check: the call goes on to the machine (here the stand-in's create fails later)."""
+    copy = tmp_path / "static-files" / "runsc-abc"
+    copy.parent.mkdir()
+    copy.write_bytes(standin.read_bytes())
+    _, message = status_of(worker.RunWorkload, actor.run(runsc_path=str(copy)))
+    assert "runsc_path" not in message, message
+
+
+@pytest.mark.parametrize(
+    ("call", "request_of"),
+    [
+        pytest.param("CheckpointWorkload", Actor.checkpoint_request, id="checkpoint"),
+        pytest.param("RestoreWorkload", Actor.restore_request, id="restore"),
+    ],
+)
+def test_data_scope_is_unimplemented(worker, actor, call, request_of):
+    """SNAPSHOT_SCOPE_DATA: UNIMPLEMENTED, saying why and what to use."""
+    code, message = status_of(
+        getattr(worker, call), request_of(actor, scope=pb.SNAPSHOT_SCOPE_DATA)
+    )
+    assert code == grpc.StatusCode.UNIMPLEMENTED
+    assert "SNAPSHOT_SCOPE_DATA is not implemented" in message and "SNAPSHOT_SCOPE_FULL" in message
+
+
+def test_an_unspecified_scope_is_invalid(worker, actor):
+    code, message = status_of(
+        worker.CheckpointWorkload, actor.checkpoint_request(scope=pb.SNAPSHOT_SCOPE_UNSPECIFIED)
+    )
+    assert (code, "scope 0" in message) == (INVALID, True), message
+
+
+def test_calls_on_an_actor_not_here_are_not_found(worker, actor):
+    """Checkpoint and stats of a UID this worker does not execute: NOT_FOUND."""
+    code, message = status_of(worker.CheckpointWorkload, actor.checkpoint_request())
+    assert (code, actor.uid in message) == (NOT_FOUND, True)
+    code, _ = status_of(worker.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid=actor.uid))
+    assert code == NOT_FOUND
+
+
+def test_stats_need_a_uid(worker):
+    code, message = status_of(worker.GetWorkloadStats, pb.GetWorkloadStatsRequest())
+    assert (code, message) == (INVALID, "actor_uid is required")
+
+
+def test_terminate_of_an_actor_not_here_is_ok(worker, actor):
+    """Terminate is idempotent: nothing to delete is success."""
+    assert status_of(worker.TerminateWorkload, actor.terminate()) == (grpc.StatusCode.OK, "")
+
+
+def test_restore_needs_a_checkpoint_in_restore_dir(worker, actor):
+    actor.restore.mkdir()
+    code, message = status_of(worker.RestoreWorkload, actor.restore_request())
+    assert code == INVALID
+    assert f"actor_dirs.restore_dir {str(actor.restore)!r} holds no checkpoint.img" in message
+
+
+@pytest.fixture
+def hanging_agent(tmp_path, standin, runc_path):
+    """An agent whose runsc ``create`` hangs until its pid (in ``hang-pids``) is killed."""
+    pids = tmp_path / "hang-pids"
+    env = {
+        "RUNSC_STANDIN_RUNC": runc_path,
+        "RUNSC_STANDIN_HANG": "create",
+        "RUNSC_STANDIN_HANG_PIDS": str(pids),
+    }
+    process = _agent(tmp_path, standin, "--drain-timeout", "5", env=env)
+    try:
+        yield process, pids
+    finally:
+        from .test_agent_health import kill_hung
+
+        kill_hung(pids)
+        process.terminate()
+
+
+def test_stats_answer_at_once_while_a_run_is_in_progress(hanging_agent, actor, tmp_path):
+    """A Run waiting on a hung ``runsc create`` holds the UID's lifecycle lock; the stats
+    reads answer at once, the identity echoed (the figures: whatever the cgroup holds yet;
+    tests/service/test_worker_stats.py pins "not measured")."""
+    from .test_agent_health import wait_for_file
+
+    process, pids = hanging_agent
+    worker = connect(tmp_path / "worker" / "worker.sock")
+    running = worker.RunWorkload.future(actor.run(), timeout=120)
+    wait_for_file(pids)
+    reply = worker.GetWorkloadStats(pb.GetWorkloadStatsRequest(actor_uid=actor.uid), timeout=2)
+    sample = reply.sample
+    assert (sample.actor_uid, sample.atespace, sample.actor_template_name) == (
+        actor.uid,
+        "team-a",
+        "counter-template",
+    )
+    assert sample.sandbox_class == pb.SANDBOX_CLASS_GVISOR
+    if sample.source == pb.STATS_SOURCE_UNSPECIFIED:
+        assert (sample.memory_current_bytes, sample.cpu_usage_usec) == (0, 0)
+    assert sample.epoch_unix_nano > 0
+    active = worker.GetActiveWorkloadStats(pb.GetActiveWorkloadStatsRequest(), timeout=2)
+    assert [s.actor_uid for s in active.samples] == [actor.uid]
+    assert not running.done()
+    # The JSON door sees the same actor: one machine, one table.
+    with process.client() as client:
+        answer = client.request({"query": "actors"})
+    [listed] = [a for a in answer["actors"] if a["actor_id"].startswith(actor.uid)]
+    assert listed["actor_id"] == f"{actor.uid}.1"
+    assert listed["state"] == "creating"
+    assert listed["containers"] == ["app"]
+    assert listed["identity"]["actor_name"] == "counter"
+
+
+def test_sigterm_drains_lifecycle_calls_with_unavailable(hanging_agent, actor, tmp_path):
+    """After SIGTERM, while the agent waits for effects to finish, every lifecycle call is
+    answered UNAVAILABLE (the control plane goes to another worker); stats still answer."""
+    from .test_agent_health import wait_for_file
+
+    process, pids = hanging_agent
+    worker = connect(tmp_path / "worker" / "worker.sock")
+    running = worker.RunWorkload.future(actor.run(), timeout=120)
+    try:
+        wait_for_file(pids)
+    except AssertionError:
+        raise AssertionError(f"{running.exception()} {process.stderr()}") from None
+    queued = worker.RunWorkload.future(actor.run(), timeout=120)  # waits for the UID's lock
+    time.sleep(1)  # for it to reach the lock (nothing shows it) before the signal
+    process.process.send_signal(signal.SIGTERM)
+    other = Actor(tmp_path / "other", uid="other-uid").prepare()
+    code = grpc.StatusCode.OK
+    message = ""
+    for _ in range(100):  # the signal lands a moment later
+        code, message = status_of(worker.RunWorkload, other.run(), timeout=5)
+        if code == grpc.StatusCode.UNAVAILABLE:
+            break
+    assert code == grpc.StatusCode.UNAVAILABLE, message
+    assert "worker draining" in message
+    for call, request in (
+        (worker.TerminateWorkload, other.terminate()),
+        (worker.CheckpointWorkload, actor.checkpoint_request()),
+        (worker.RestoreWorkload, other.restore_request()),
+    ):
+        assert status_of(call, request, timeout=5)[0] == grpc.StatusCode.UNAVAILABLE
+    assert status_of(
+        worker.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid=actor.uid), timeout=5
+    ) == (grpc.StatusCode.OK, "")
+    # The call that waited for the lock through SIGTERM is drained too, once it has the
+    # lock (the first Run ends when the drain gives up on its hung create).
+    assert queued.exception(timeout=90).code() == grpc.StatusCode.UNAVAILABLE
+    assert "worker draining" in queued.exception().details()
+
+
+def test_terminate_deletes_app_containers_first_and_pause_last(tmp_path, standin, runc_path):
+    """The runsc commands a Run and a Terminate issue (the stand-in's argv log): the sandbox
+    is made _pause first and deleted _pause last; a second Terminate issues nothing."""
+    import json
+
+    argv_log = tmp_path / "argv.jsonl"
+    env = {"RUNSC_STANDIN_RUNC": runc_path, "RUNSC_STANDIN_ARGV_LOG": str(argv_log)}
+    process = _agent(tmp_path, standin, env=env)
+    try:
+        worker = connect(tmp_path / "worker" / "worker.sock")
+        actor = Actor(tmp_path / "order", uid="order", apps=("app", "side")).prepare()
+        assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
+
+        def commands(verb: str) -> list[str]:
+            lines = [json.loads(line) for line in argv_log.read_text().splitlines()]
+            return [argv[-1] for argv in lines if verb in argv]
+
+        assert commands("create") == ["_pause", "app", "side"]
+        assert status_of(worker.TerminateWorkload, actor.terminate()) == (grpc.StatusCode.OK, "")
+        deletes = commands("delete")
+        assert deletes[-1] == "_pause" and set(deletes[:-1]) >= {"app", "side"}
+        assert "_pause" not in deletes[:-1]
+        before = len(argv_log.read_text().splitlines())
+        assert status_of(worker.TerminateWorkload, actor.terminate()) == (grpc.StatusCode.OK, "")
+        assert len(argv_log.read_text().splitlines()) == before
+    finally:
+        process.terminate()
