@@ -165,7 +165,7 @@ async def test_exec_route_suspends_through_the_sandbox_and_resumes_after_restore
         assert (manifest.cuda_state_included, manifest.route) == (True, events.ROUTE_EXEC)
         await agent.submit(events.RestoreRequested(actor_id=A))
         await agent.wait_for_state(A, "running", timeout=WAIT)
-        assert seen.path()[-3:] == ["restoring", "cuda_resuming", "running"]
+        assert seen.path()[-4:] == ["restoring", "cuda_resuming", "verifying", "running"]
         assert await cuda_state(world) == "running"
         assert await holds_gpu(world)
     (command,) = world.checkpoint_commands()
@@ -278,8 +278,9 @@ async def test_a_failed_exec_route_checkpoint_resumes_every_process(world: World
         await agent.submit(events.SuspendRequested(actor_id=A))
         await agent.settle()
         assert agent.state_of(A) == "running"
-        assert seen.path()[-5:] == [
-            "probing", "cuda_suspending", "checkpointing", "cuda_resuming", "running",
+        assert seen.path()[-6:] == [
+            "probing", "cuda_suspending", "checkpointing", "cuda_resuming", "verifying",
+            "running",
         ]  # fmt: skip
         assert "live nvproxy clients" in (view_of(agent).reason or "")
         assert view_of(agent).cuda_pids == ""

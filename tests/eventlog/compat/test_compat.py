@@ -20,11 +20,21 @@ V1 = Path(__file__).resolve().parent / "v1"
 REPLAYED = ["bench_life", "demo", "short_life"]
 
 
-#: Event types added after the fixture was written (GPU allocation).
-ADDED_SINCE = {"gpus_allocated", "gpus_unavailable", "gpus_refused", "gpus_freed"}
+#: Event types added after the fixture was written (GPU allocation; the GPU check after
+#: start and restore).
+ADDED_SINCE = {
+    "gpus_allocated",
+    "gpus_unavailable",
+    "gpus_refused",
+    "gpus_freed",
+    "gpus_verified",
+    "gpu_verification_failed",
+}
 #: Fields added after the fixture, with their defaults (an old line reads with them).
 FIELDS_ADDED_SINCE: dict[str, dict[str, object]] = {
     "actor_registered": {"gpus": 0, "gpu_names": []},
+    "cuda_suspended": {"gpu_memory": ""},
+    "restored": {"device_map": ""},
 }
 
 
