@@ -41,25 +41,26 @@ class CannotCheck(Exception):
     """A check this node cannot make (said in the outcome, not a failure)."""
 
 
-def _cuda_tool(settings: gpu.GpuSettings, container_id: str) -> gpu.SandboxCudaTool | None:
-    """cuda-checkpoint in the sandbox: the one runsc ran (``--cuda-checkpoint-path`` is a
-    path in the container, as gVisor's flag says), else the exec route's."""
+def _cuda_tools(settings: gpu.GpuSettings, container_id: str) -> list[gpu.SandboxCudaTool]:
+    """cuda-checkpoint in the sandbox, in the order asked: the exec route's, then the one runsc
+    ran (``--cuda-checkpoint-path`` is a path in the container, as gVisor's flag says)."""
+    tools = [settings.sandbox_tool(container_id)] if settings.sandbox_tool is not None else []
     if settings.sandbox_exec is not None and settings.cuda_checkpoint_path is not None:
-        return gpu.exec_tool(settings.sandbox_exec, str(settings.cuda_checkpoint_path))(
-            container_id
-        )
-    if settings.sandbox_tool is not None:
-        return settings.sandbox_tool(container_id)
-    return None
+        path = str(settings.cuda_checkpoint_path)
+        tools.append(gpu.exec_tool(settings.sandbox_exec, path)(container_id))
+    return tools
 
 
 async def _stuck_process(settings: gpu.GpuSettings, container_id: str) -> str | None:
     """Why a restored CUDA process will not run (None: every one reads ``running``); raises
     :class:`CannotCheck` when there is no tool to ask."""
-    tool = _cuda_tool(settings, container_id)
-    if tool is None:
+    tools = _cuda_tools(settings, container_id)
+    if not tools:
         raise CannotCheck("no cuda-checkpoint is configured to read them with")
-    if not await tool.available():
+    for tool in tools:
+        if await tool.available():
+            break
+    else:
         raise CannotCheck("cuda-checkpoint does not run in the sandbox")
     for pid in await tool.gpu_processes():
         state = await tool.get_state(pid)
