@@ -24,14 +24,25 @@ sandbox, the GPU containers are each checked the same way, under the per-actor r
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from substrate_gpu import _process, exceptions, preflight
-from substrate_gpu.lifecycle import events, gpu
+from substrate_gpu.lifecycle import allocation, events, gpu
 from substrate_gpu.lifecycle.actors import ActorView
+from substrate_gpu.runsc import api as runsc_api
 
-if TYPE_CHECKING:
-    from substrate_gpu.lifecycle.effects import EffectContext
+
+class Context(Protocol):
+    """What ``verify`` reads of :class:`~substrate_gpu.lifecycle.effects.EffectContext`
+    (a Protocol: effects imports this module to register the effect)."""
+
+    @property
+    def runtime(self) -> runsc_api.SandboxRuntime: ...
+    @property
+    def gpu(self) -> gpu.GpuSettings | None: ...
+    @property
+    def allocator(self) -> allocation.GpuAllocator | None: ...
+
 
 #: Seconds ``nvidia-smi -L`` may take in the sandbox.
 LIST_TIMEOUT = 30.0
@@ -99,7 +110,7 @@ async def _foreign_gpus(
     )
 
 
-async def verify(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
+async def verify(ctx: Context, actor: ActorView, event: events.Event) -> events.Event:
     """Check a started or restored GPU sandbox (see the module doc)."""
     settings = ctx.gpu
     actor_id = actor.actor_id
