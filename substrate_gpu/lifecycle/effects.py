@@ -319,7 +319,11 @@ async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) 
     features = await _features_of(ctx.runtime, actor_id)
     image = ctx.checkpoint_root / actor_id / str(event.seq)
     # Read before runsc moves any CUDA state off the GPUs (the exec route read it earlier).
-    held = await gpu_.gpus_at_checkpoint(ctx.gpu, ctx.allocator, actor.gpu_devices, event)
+    held = (
+        await gpu_.gpus_at_checkpoint(ctx.gpu, ctx.allocator, actor.gpu_devices, event)
+        if actor.gpu
+        else ()
+    )
     try:
         await ctx.runtime.checkpoint(
             actor_id,
@@ -352,7 +356,7 @@ async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) 
             message=_message(e),
             sandbox_survived=await _sandbox_runs(ctx, actor_id),
         )
-    _write_manifest(ctx, actor, image, features, held if actor.gpu else ())
+    _write_manifest(ctx, actor, image, features, held)
     # The image is good; the sandbox (resumed by --leave-running, or stopped) must go so the
     # id is free for the restore. A failure here leaves a container the next restore deletes.
     await _delete_quietly(ctx, actor_id)

@@ -394,3 +394,19 @@ async def test_after_start_no_cuda_state_is_read(node: Node) -> None:
     node.tool.states = {4: "locked"}
     node.smi.listing = listing(A)
     assert (await gpu_verify(node, "nvidia.com/gpu=0")).type == "gpus_verified"
+
+
+async def test_a_cpu_actors_checkpoint_asks_no_gpu_anything(node: Node) -> None:
+    marker = node.tmp / "smi-ran"
+    smi = node.tmp / "marking-nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    smi.chmod(0o755)
+    gpus = node.tmp / "gpus" / "0000:00:04.0"
+    gpus.mkdir(parents=True)
+    (gpus / "information").write_text(f"Model: \t H200\nGPU UUID: \t {A}\nDevice Minor: \t 0\n")
+    ctx = node.ctx(nvidia_smi=str(smi), gpus_root=gpus.parent)
+    await node.runtime.create("a", Path("/b/a"), nvproxy=False)
+    cpu = ActorView("a", "checkpointing", False, "/b/a", None, 0, True, None)
+    outcome = await effects.checkpoint(ctx, cpu, events.SuspendRequested(actor_id="a", seq=5))
+    assert outcome.type == "checkpoint_written"
+    assert manifest_of(node).actor_gpus == () and not marker.exists()
