@@ -20,7 +20,15 @@ Three questions, each a pure decision on plain facts, with thin readers beside t
   version and the GPUs' models and UUIDs (``/proc/driver/nvidia/gpus/*/information``), so an
   image says where it came from.
 - **Can cuda-checkpoint work?** It needs driver ≥ 550 (``--toggle``); the separate
-  ``--action lock|checkpoint|restore|unlock`` and ``--timeout`` arrived with 570.
+  ``--action lock|checkpoint|restore|unlock`` and ``--timeout`` arrived with 570, and
+  ``--action restore --device-map oldUuid=newUuid,…`` (CUDA state restored onto other
+  GPUs) with 580.
+- **Do the GPUs a restore is given fit the image?** Schema 4 records the actor's own GPUs
+  (UUIDs, in allocation order) and each one's used device memory at checkpoint:
+  :func:`gpu_pairs` pairs them with the restore's GPUs, :func:`check_remap` refuses a
+  remapped restore the route cannot do, :func:`check_gpu_memory` one whose target GPUs
+  have less free memory than the image's used (a cuda-checkpoint restore that runs out of
+  device memory leaves the process unrecoverable).
 
 Reading the driver version: the kernel module's ``/proc/driver/nvidia/version`` is what
 nvproxy talks to, so it wins; the user-space ``<driver-root>/lib64/libcuda.so.<version>``
@@ -40,7 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, Protocol, cast
 
-from substrate_gpu import _atomic, _files, exceptions
+from substrate_gpu import _atomic, _files, _process, exceptions
 from substrate_gpu.injection import devices
 from substrate_gpu.runsc import api as runsc_api
 
@@ -53,9 +61,10 @@ MANIFEST_NAME = "substrate-gpu-manifest.json"
 #: The manifest format; bumped on incompatible changes. Schema 1 (driver, GPU count, CUDA
 #: route only) is still read: its image's host CPU is unknown, so its restore is unchecked.
 #: Schema 2 (no architecture, no runsc hash; CPU flags checked as a subset) is read too,
-#: and checked as before.
-MANIFEST_SCHEMA = 3
-_READABLE_SCHEMAS = frozenset({1, 2, MANIFEST_SCHEMA})
+#: and checked as before. Schema 3 (no ``actor_gpus``) reads with the actor's GPUs unknown:
+#: its restore is neither remapped nor checked for memory, as before.
+MANIFEST_SCHEMA = 4
+_READABLE_SCHEMAS = frozenset({1, 2, 3, MANIFEST_SCHEMA})
 
 #: The CPU's feature flags (x86 ``flags``, arm64 ``Features``).
 PROC_CPUINFO = Path("/proc/cpuinfo")
@@ -66,6 +75,13 @@ PROC_NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 CUDA_CHECKPOINT_MIN_DRIVER = 550
 #: The driver that added ``--action lock|checkpoint|restore|unlock`` and ``--timeout``.
 CUDA_CHECKPOINT_ACTIONS_MIN_DRIVER = 570
+#: The driver whose cuda-checkpoint takes ``--action restore --device-map`` (CUDA 13).
+CUDA_CHECKPOINT_DEVICE_MAP_MIN_DRIVER = 580
+
+#: The suspend routes that put CUDA state in an image (``events.ROUTE_*``: preflight sits
+#: below the lifecycle, so the two names are spelt here too; a test holds them equal).
+ROUTE_RUNSC = "runsc-cuda-checkpoint"
+ROUTE_EXEC = "exec-cuda-checkpoint"
 
 #: Why a preflight refused; bounded (a metric label).
 RefusalCode = Literal[
@@ -77,6 +93,8 @@ RefusalCode = Literal[
     "restore-fewer-gpus",
     "restore-cpu-features",
     "restore-other-sandbox",
+    "restore-gpu-remap",
+    "restore-gpu-memory",
 ]
 
 # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 …" (proprietary),
@@ -123,6 +141,27 @@ class GpuIdentity:
 
 
 @dataclass(frozen=True)
+class CheckpointGpu:
+    """One GPU the checkpointed actor held, and how much of its device memory was used."""
+
+    uuid: str
+    """``GPU-…``."""
+    memory_used_mib: int | None = None
+    """``nvidia-smi``'s ``memory.used`` (MiB) before the CUDA state left the GPU; None: not
+    read (no nvidia-smi, or a GPU that does not report it)."""
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """One GPU's device memory now (``nvidia-smi --query-gpu=uuid,memory.used,memory.free``)."""
+
+    uuid: str
+    used_mib: int | None
+    """None: the GPU reports ``[N/A]`` (or another non-number)."""
+    free_mib: int | None
+
+
+@dataclass(frozen=True)
 class CheckpointManifest:
     """Where a checkpoint came from and what it needs from the node it is restored on;
     stored beside the image (every checkpoint, CPU and GPU)."""
@@ -149,6 +188,10 @@ class CheckpointManifest:
     runsc_sha256: str = ""
     """The SHA-256 of the runsc binary that wrote the image (agent-substrate's
     ``gvisor_asset_hash``); empty: unknown."""
+    actor_gpus: tuple[CheckpointGpu, ...] = ()
+    """The GPUs the actor itself held (not every GPU of the host), in allocation order,
+    with their used memory; empty: unknown (schema < 4, or UUIDs that could not be
+    resolved) or a CPU actor. A restore onto other GPUs is mapped pairwise in this order."""
     schema: int = MANIFEST_SCHEMA
     """The manifest format."""
 
@@ -211,9 +254,28 @@ class CheckpointManifest:
                 None if (flags := payload.get("cpu_flags")) is None else _cpu_flags(flags, bad)
             ),
             gpus=_gpu_list(payload.get("gpus"), bad),
+            actor_gpus=_actor_gpus(payload.get("actor_gpus"), bad) if schema >= 4 else (),
             schema=schema,
             **origin,
         )
+
+
+def _actor_gpus(raw: object, bad: Callable[[str], PreflightError]) -> tuple[CheckpointGpu, ...]:
+    if not isinstance(raw, list):
+        raise bad("'actor_gpus' must be a list of {uuid, memory_used_mib} objects")
+    found = []
+    for i, item in enumerate(cast("list[object]", raw)):
+        fields = cast("dict[str, object]", item) if isinstance(item, dict) else {}
+        uuid, used = fields.get("uuid"), fields.get("memory_used_mib")
+        if not isinstance(uuid, str) or not uuid:
+            raise bad(f"'actor_gpus[{i}].uuid' must be a non-empty string, not {uuid!r}")
+        if used is not None and (isinstance(used, bool) or not isinstance(used, int) or used < 0):
+            raise bad(
+                f"'actor_gpus[{i}].memory_used_mib' must be null or a non-negative integer, "
+                f"not {used!r}"
+            )
+        found.append(CheckpointGpu(uuid=uuid, memory_used_mib=used))
+    return tuple(found)
 
 
 def _cpu_flags(raw: object, bad: Callable[[str], PreflightError]) -> tuple[str, ...]:
@@ -417,6 +479,139 @@ def check_restore(manifest: CheckpointManifest, host: HostGpuFacts) -> Refusal |
             f"{host.gpu_count}: restore on a worker with at least as many GPUs",
         )
     return None
+
+
+def gpu_pairs(
+    manifest: CheckpointManifest, restore_uuids: tuple[str, ...]
+) -> tuple[tuple[str, str], ...]:
+    """``(checkpointed UUID, restore UUID)`` per GPU the image's actor held, paired in order
+    (both in allocation order, lowest index first: gVisor pairs nvproxy's devices by minor
+    the same way, so CUDA's device 0 stays device 0). Empty when the image does not name its
+    GPUs or the restore's are unknown: nothing can be paired."""
+    if not manifest.actor_gpus or len(restore_uuids) < len(manifest.actor_gpus):
+        return ()
+    return tuple((g.uuid, new) for g, new in zip(manifest.actor_gpus, restore_uuids, strict=False))
+
+
+def device_map(pairs: tuple[tuple[str, str], ...]) -> str:
+    """cuda-checkpoint's ``--device-map`` value (``old=new,old=new``), or empty when every
+    GPU is restored onto itself. It names every checkpointed GPU, as the tool requires."""
+    if all(old == new for old, new in pairs):
+        return ""
+    return ",".join(f"{old}={new}" for old, new in pairs)
+
+
+def check_remap(device_map_: str, *, route: str, driver_version: str) -> Refusal | None:
+    """Refuse restoring CUDA state onto other GPUs where the route cannot (None: no remap
+    needed, or it can be done).
+
+    - The exec route passes ``--action restore --device-map`` itself: driver ≥ 580.
+    - runsc's route restores CUDA processes inside ``runsc restore`` with ``--toggle`` and
+      no device map at the pinned gVisor (``pkg/sentry/control/state_cuda.go``: "FIXME:
+      b/460451448 - pass --device-map to cuda-checkpoint if accepted"), and ``runsc
+      restore`` has no flag to give one: the CUDA state would come back on GPUs the
+      sandbox no longer holds.
+    - An image without CUDA state (``route`` empty) needs no map: nvproxy reopens the new
+      GPUs' device files itself.
+    """
+    if not device_map_ or not route:
+        return None
+    if route == ROUTE_RUNSC:
+        return Refusal(
+            "restore-gpu-remap",
+            f"the checkpoint's CUDA state was saved by runsc (--cuda-checkpoint-path) on other "
+            f"GPUs than this restore holds ({device_map_}); this runsc restores CUDA state "
+            "without a device map (no runsc restore flag gives one): restore onto the same "
+            "GPUs, or checkpoint through the sandbox (exec route) — refused before runsc ran",
+        )
+    if major_of(driver_version) < CUDA_CHECKPOINT_DEVICE_MAP_MIN_DRIVER:
+        return Refusal(
+            "restore-gpu-remap",
+            f"restoring CUDA state onto other GPUs ({device_map_}) needs cuda-checkpoint "
+            f"--device-map, NVIDIA driver {CUDA_CHECKPOINT_DEVICE_MAP_MIN_DRIVER} or newer; "
+            f"this node runs {driver_version}: restore onto the same GPUs, or on a node with a "
+            "newer driver — refused before runsc ran",
+        )
+    return None
+
+
+def check_gpu_memory(
+    manifest: CheckpointManifest,
+    pairs: tuple[tuple[str, str], ...],
+    memory: tuple[GpuMemory, ...],
+) -> Refusal | None:
+    """Refuse a restore whose target GPUs have less free device memory than the image's
+    GPUs used (None: enough, or nothing recorded to compare)."""
+    used = {g.uuid: g.memory_used_mib for g in manifest.actor_gpus}
+    free = {m.uuid: m.free_mib for m in memory}
+    short: list[str] = []
+    for old, new in pairs:
+        need = used.get(old)
+        if need is None:
+            continue
+        have = free.get(new)
+        if have is None:
+            short.append(f"{new} (needs {need} MiB; its free memory could not be read)")
+        elif have < need:
+            short.append(f"{new} (needs {need} MiB, {have} MiB free)")
+    if not short:
+        return None
+    return Refusal(
+        "restore-gpu-memory",
+        f"too little free GPU memory for the checkpoint's CUDA state: {'; '.join(short)}; a "
+        "cuda-checkpoint restore that runs out of device memory leaves the process "
+        "unrecoverable: free the GPU(s) or restore elsewhere — refused before runsc ran",
+    )
+
+
+def _mib(field: str) -> int | None:
+    return int(field) if field.isdigit() else None
+
+
+def parse_gpu_memory(csv: str) -> tuple[GpuMemory, ...]:
+    """``nvidia-smi --query-gpu=uuid,memory.used,memory.free --format=csv,noheader,nounits``
+    output, one GPU a line (``GPU-…, 1234, 79000``); :class:`PreflightError` on a line
+    that is not three fields."""
+    found = []
+    for number, line in enumerate(csv.splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 3 or not fields[0]:
+            raise PreflightError(
+                f"while reading GPU memory from nvidia-smi: line {number} is not "
+                f"'uuid, used, free': {line.strip()[:200]!r}"
+            )
+        found.append(GpuMemory(uuid=fields[0], used_mib=_mib(fields[1]), free_mib=_mib(fields[2])))
+    return tuple(found)
+
+
+_LISTED_UUID = re.compile(r"\(UUID: ([^)\s]+)\)")
+
+
+def parse_gpu_list(listing: str) -> tuple[str, ...]:
+    """The UUIDs ``nvidia-smi -L`` lists (``GPU 0: NVIDIA H200 (UUID: GPU-…)``; MIG devices'
+    ``MIG-…`` too), in listed order."""
+    return tuple(_LISTED_UUID.findall(listing))
+
+
+#: The query :func:`read_gpu_memory` runs.
+GPU_MEMORY_QUERY = (
+    "--query-gpu=uuid,memory.used,memory.free",
+    "--format=csv,noheader,nounits",
+)
+
+
+async def read_gpu_memory(nvidia_smi: str, *, timeout: float = 30.0) -> tuple[GpuMemory, ...]:
+    """Every GPU's used and free device memory, from the host's nvidia-smi
+    (:class:`PreflightError` when it cannot be run or answers otherwise)."""
+    try:
+        result = await _process.run_command(
+            (nvidia_smi, *GPU_MEMORY_QUERY), timeout=timeout, what="reading GPU memory"
+        )
+    except exceptions.ExternalCommandError as e:
+        raise PreflightError(str(e)) from e
+    return parse_gpu_memory(result.stdout)
 
 
 # -- thin readers ---------------------------------------------------------------------------

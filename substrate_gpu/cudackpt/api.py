@@ -156,8 +156,9 @@ class CudaCheckpointTool(Protocol):
         """``--action checkpoint --pid P`` (the process must be locked)."""
         ...
 
-    async def restore(self, pid: int) -> None:
-        """``--action restore --pid P`` (checkpointed → locked)."""
+    async def restore(self, pid: int, device_map: str = "") -> None:
+        """``--action restore --pid P [--device-map old=new,…]`` (checkpointed → locked;
+        ``device_map``: onto other GPUs, driver ≥ 580)."""
         ...
 
     async def unlock(self, pid: int) -> None:

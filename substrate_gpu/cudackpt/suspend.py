@@ -20,6 +20,9 @@ Decisions:
 - **Resumed means read back as ``running``.** After a process's restore and unlock its
   state is queried once more; anything but ``running`` (a process left ``locked`` hangs
   its first CUDA call for ever) makes it a failed process, named with the state read.
+- **Onto other GPUs, with a device map.** A resume after a restore onto other GPUs passes
+  ``--device-map`` to every process's restore (a rollback of a suspend never does: its
+  processes never left their GPUs).
 - Resume keeps going past a failed process too (bring back as many as possible) and names
   the ones left behind: a failed restore leaves a process ``checkpointed`` (the driver's
   behaviour), which the caller may retry.
@@ -54,8 +57,11 @@ def failure_cause(error: api.CudaCheckpointError) -> str:
     return f"{error.action} failed"
 
 
-async def _walk_back(tool: api.CudaCheckpointTool, pid: int, steps: list[api.ProcessStep]) -> bool:
-    """Bring one process back to ``running``; True when it got there."""
+async def _walk_back(
+    tool: api.CudaCheckpointTool, pid: int, steps: list[api.ProcessStep], device_map: str = ""
+) -> bool:
+    """Bring one process back to ``running`` (its restore onto ``device_map``'s GPUs, when
+    given); True when it got there."""
     try:
         state = await tool.get_state(pid)
     except api.CudaCheckpointError:
@@ -69,7 +75,12 @@ async def _walk_back(tool: api.CudaCheckpointTool, pid: int, steps: list[api.Pro
         actions = ["unlock"]
     for action in actions:
         try:
-            await (tool.restore(pid) if action == "restore" else tool.unlock(pid))
+            if action == "unlock":
+                await tool.unlock(pid)
+            elif device_map:
+                await tool.restore(pid, device_map)
+            else:
+                await tool.restore(pid)
         except api.CudaCheckpointError as e:
             steps.append(_step(pid, action, e))
             return False
@@ -146,8 +157,11 @@ async def _not_running(tool: api.CudaCheckpointTool, pid: int) -> str:
     )
 
 
-async def resume_processes(tool: api.CudaCheckpointTool, pids: Sequence[int]) -> api.ResumeOutcome:
-    """Bring every process of ``pids`` back to ``running`` (restore and unlock as needed).
+async def resume_processes(
+    tool: api.CudaCheckpointTool, pids: Sequence[int], *, device_map: str = ""
+) -> api.ResumeOutcome:
+    """Bring every process of ``pids`` back to ``running`` (restore and unlock as needed;
+    each restore onto ``device_map``'s GPUs when given: ``old=new,…``).
 
     Safe to repeat: a process already running is left alone. Never raises for a tool
     failure; errors of the runtime itself propagate.
@@ -159,7 +173,7 @@ async def resume_processes(tool: api.CudaCheckpointTool, pids: Sequence[int]) ->
     for pid in dict.fromkeys(pids):
         before = len(steps)
         detail = ""
-        if await _walk_back(tool, pid, steps):
+        if await _walk_back(tool, pid, steps, device_map):
             if len(steps) == before:  # it read 'running' and was left alone
                 resumed.append(pid)
                 continue

@@ -180,10 +180,10 @@ class ExecCudaCheckpoint:
             timeout=self.timeouts.checkpoint,
         )
 
-    async def restore(self, pid: int) -> None:
-        """``--action restore --pid P``."""
+    async def restore(self, pid: int, device_map: str = "") -> None:
+        """``--action restore --pid P [--device-map M]``."""
         await self._run(
-            argv.action(self.tool_path, "restore", pid),
+            argv.action(self.tool_path, "restore", pid, device_map=device_map),
             pid=pid,
             action="restore",
             timeout=self.timeouts.restore,

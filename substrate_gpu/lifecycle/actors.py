@@ -192,6 +192,12 @@ class Actor:
         """A GPU actor whose GPUs come from the allocator (not a v1 registration)."""
         return self.gpu and self.uses_allocator
 
+    def verifies_gpus(self, event: events.Event) -> bool:
+        """A GPU actor's sandbox is checked before it runs (``verifying``): the event was
+        written by an agent that verifies (v2 and later; a v1 line replays as it ran, straight
+        to ``running``)."""
+        return self.gpu and event.v >= 2
+
     def allocated_for_restore(self, event: events.Event) -> bool:
         """The GPUs being allocated are for a restore (not a run from the bundle)."""
         return self.gpu_next == "restore"

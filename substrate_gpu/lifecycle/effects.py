@@ -53,7 +53,8 @@ from typing import Protocol
 import structlog
 
 from substrate_gpu import cudackpt, exceptions, preflight
-from substrate_gpu.lifecycle import allocation, errors, events, registry, sandbox
+from substrate_gpu.lifecycle import allocation, errors, events, registry, sandbox, verify
+from substrate_gpu.lifecycle import gpu as gpu_
 from substrate_gpu.lifecycle.actors import ActorView
 from substrate_gpu.lifecycle.gpu import GpuSettings
 from substrate_gpu.probes.api import CudaContextProbe
@@ -294,7 +295,11 @@ async def _suspend_route(ctx: EffectContext, actor: ActorView) -> cudackpt.Route
 
 
 def _write_manifest(
-    ctx: EffectContext, actor: ActorView, image: Path, features: runsc.RunscFeatures
+    ctx: EffectContext,
+    actor: ActorView,
+    image: Path,
+    features: runsc.RunscFeatures,
+    actor_gpus: tuple[preflight.CheckpointGpu, ...] = (),
 ) -> None:
     """The manifest of a good checkpoint: runsc version, host CPU flags, and for a GPU actor
     the driver, GPU count and identities (best effort: without it, restore is unchecked and
@@ -320,6 +325,7 @@ def _write_manifest(
             gpus=preflight.read_gpu_identities() if actor.gpu else (),
             architecture=preflight.host_architecture(),
             runsc_sha256=features.binary_sha256,
+            actor_gpus=actor_gpus,
         )
         preflight.write_manifest(image, manifest)
     except preflight.PreflightError as e:
@@ -368,6 +374,12 @@ async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) 
             "(checkpoint.img); ask for an empty directory",
             sandbox_survived=True,
         )
+    # Read before runsc moves any CUDA state off the GPUs (the exec route read it earlier).
+    held = (
+        await gpu_.gpus_at_checkpoint(ctx.gpu, ctx.allocator, actor.gpu_devices, event)
+        if actor.gpu
+        else ()
+    )
     try:
         runtime, container = _root_container(ctx, actor)
     except exceptions.SubstrateGpuError as e:
@@ -408,7 +420,7 @@ async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) 
             message=_message(e),
             sandbox_survived=await _sandbox_runs(ctx, actor),
         )
-    _write_manifest(ctx, actor, image, features)
+    _write_manifest(ctx, actor, image, features, held)
     # The image is good; the sandbox (resumed by --leave-running, or stopped) must go so the
     # id is free for the restore. A failure here leaves a container the next restore deletes.
     await _delete_quietly(ctx, actor)
@@ -428,17 +440,18 @@ async def restore(ctx: EffectContext, actor: ActorView, event: events.Event) -> 
     )
     if cpu_refusal is not None:
         return cpu_refusal
-    cuda_route = ""
+    cuda_route = device_map = ""
     if actor.gpu and ctx.gpu is not None:
+        uuids = gpu_.own_gpu_uuids(ctx.gpu, ctx.allocator, actor.gpu_devices)
         try:
-            checked = await _check_restore(ctx.gpu, actor_id, Path(image), _granted(actor))
+            checked = await _check_restore(ctx.gpu, actor_id, Path(image), _granted(actor), uuids)
         except exceptions.SubstrateGpuError as e:
             return events.RestoreFailed(
                 actor_id=actor_id, message=f"while checking the node before restore: {_message(e)}"
             )
         if isinstance(checked, events.RestoreRefused):
             return checked
-        cuda_route = checked
+        cuda_route, device_map = checked
     devices = 0
     try:
         if actor.gpu:
@@ -451,7 +464,11 @@ async def restore(ctx: EffectContext, actor: ActorView, event: events.Event) -> 
         await _delete_quietly(ctx, actor)
         return events.RestoreFailed(actor_id=actor_id, message=_message(e))
     return events.Restored(
-        actor_id=actor_id, image_path=image, devices=devices, cuda_route=cuda_route
+        actor_id=actor_id,
+        image_path=image,
+        devices=devices,
+        cuda_route=cuda_route,
+        device_map=device_map,
     )
 
 
@@ -479,17 +496,23 @@ def _check_cpu_features(
 
 
 async def _check_restore(
-    gpu: GpuSettings, actor_id: str, image: Path, granted: tuple[str, ...] | None
-) -> events.RestoreRefused | str:
+    gpu: GpuSettings,
+    actor_id: str,
+    image: Path,
+    granted: tuple[str, ...] | None,
+    uuids: tuple[str, ...],
+) -> events.RestoreRefused | tuple[str, str]:
     """Driver preflight and the image's manifest against this node: a refusal, or the route
-    that put CUDA state in the image (empty when none). An actor given GPUs by the
-    allocator is checked against those (other indices are fine, fewer are not)."""
+    that put CUDA state in the image (empty when none) and the device map onto the
+    restore's GPUs ``uuids`` (empty: the same GPUs, or unknown). An actor given GPUs by the
+    allocator is checked against those (other indices are fine where the route can remap,
+    fewer never; each needs the free memory its checkpointed GPU used)."""
     facts = await gpu.check_host()
     if isinstance(facts, preflight.Refusal):
         return events.RestoreRefused(actor_id=actor_id, code=facts.code, message=facts.reason)
     manifest = preflight.read_manifest(image)
     if manifest is None:
-        return ""
+        return "", ""
     refusal = preflight.check_restore(manifest, facts)
     if refusal is None and granted is not None and len(granted) < manifest.gpu_count:
         refusal = preflight.Refusal(
@@ -499,7 +522,10 @@ async def _check_restore(
         )
     if refusal is not None:
         return events.RestoreRefused(actor_id=actor_id, code=refusal.code, message=refusal.reason)
-    return manifest.route if manifest.cuda_state_included else ""
+    planned = await gpu_.plan_restore(gpu, manifest, facts.driver_version, uuids)
+    if isinstance(planned, preflight.Refusal):
+        return events.RestoreRefused(actor_id=actor_id, code=planned.code, message=planned.reason)
+    return (manifest.route if manifest.cuda_state_included else ""), planned
 
 
 def _pids(text: str) -> tuple[int, ...]:
@@ -531,6 +557,8 @@ async def cuda_suspend(ctx: EffectContext, actor: ActorView, event: events.Event
                 actor_id=actor_id, reason=events.REFUSED_CUDA_SUSPEND, message=message
             )
         return events.CudaSuspendFailed(actor_id=actor_id, message=message)
+    # Each GPU's used memory while the CUDA state is still on it, for the manifest.
+    held = await gpu_.gpus_at_checkpoint(ctx.gpu, ctx.allocator, actor.gpu_devices, event)
     try:
         outcome = await cudackpt.suspend_processes(
             tool, pids, lock_timeout_ms=ctx.gpu.lock_timeout_ms
@@ -543,7 +571,9 @@ async def cuda_suspend(ctx: EffectContext, actor: ActorView, event: events.Event
             pids=_join(pids),
         )
     if outcome.suspended:
-        return events.CudaSuspended(actor_id=actor_id, pids=_join(outcome.pids))
+        return events.CudaSuspended(
+            actor_id=actor_id, pids=_join(outcome.pids), gpu_memory=gpu_.encode_gpus(held)
+        )
     if outcome.status == "refused":
         reason = (
             events.REFUSED_CUDA_LOCK_TIMEOUT
@@ -570,7 +600,11 @@ async def cuda_resume(ctx: EffectContext, actor: ActorView, event: events.Event)
         )
     pids = _pids(actor.cuda_pids)
     try:
-        outcome = await cudackpt.resume_processes(tool_factory(actor_id), pids)
+        # After a restore onto other GPUs, each restore carries the map (NVIDIA driver 580+).
+        device_map = event.device_map if isinstance(event, events.Restored) else ""
+        outcome = await cudackpt.resume_processes(
+            tool_factory(actor_id), pids, device_map=device_map
+        )
     except exceptions.SubstrateGpuError as e:
         return events.CudaResumeFailed(
             actor_id=actor_id,
@@ -610,6 +644,7 @@ EFFECTS: Mapping[str, Effect] = {
     "inject": inject,
     "create": create,
     "start": start,
+    "verify": verify.verify,
     "checkpoint": checkpoint,
     "restore": restore,
     "delete": delete,

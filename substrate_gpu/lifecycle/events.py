@@ -454,6 +454,10 @@ class SandboxCreated(Outcome, frozen=True, tag="sandbox_created"):
 class SandboxStarted(Outcome, frozen=True, tag="sandbox_started"):
     """``runsc start`` succeeded."""
 
+    v: Literal[1, 2] = 2  # type: ignore[assignment]  # reads v1 and v2 (see above)
+    """v2: written by an agent that verifies a GPU sandbox before it runs (``verifying``);
+    a v1 line (an older agent) replays as it ran: a GPU actor straight to ``running``."""
+
 
 @register
 class CheckpointWritten(Outcome, frozen=True, tag="checkpoint_written"):
@@ -493,15 +497,22 @@ class CheckpointFailed(Outcome, frozen=True, tag="checkpoint_failed"):
 
 
 @register
-class Restored(Outcome, frozen=True, tag="restored"):
+class Restored(Outcome, frozen=True, kw_only=True, tag="restored"):
     """The sandbox was restored from a checkpoint and runs."""
 
+    v: Literal[1, 2] = 2  # type: ignore[assignment]  # reads v1 and v2 (see above)
+    """v2: written by an agent that verifies a GPU sandbox before it runs (``verifying``);
+    a v1 line (an older agent) replays as it ran: a GPU actor straight to ``running``."""
     image_path: str
     devices: int = 0
     """Device nodes injected into the bundle before restoring (GPU actors)."""
     cuda_route: str = ""
     """The route that put CUDA state in the image (its manifest's), or empty: with
     ``exec-cuda-checkpoint`` the processes must be resumed through the sandbox."""
+    device_map: str = ""
+    """``oldUuid=newUuid,…`` when the restore got other GPUs than the checkpoint's (the
+    exec route's ``cuda-checkpoint --action restore --device-map``); empty: the same GPUs,
+    or unknown (an image that does not name its GPUs)."""
 
 
 @register
@@ -568,6 +579,10 @@ class CudaSuspended(Outcome, frozen=True, tag="cuda_suspended"):
 
     pids: str
     """The sandbox pids suspended, comma-separated (resumed after restore or a failure)."""
+    gpu_memory: str = ""
+    """Each of the actor's GPUs' used device memory before the suspend moved it to the host
+    (``uuid=MiB,…``, ``uuid=`` when unread), for the checkpoint's manifest; empty: its GPUs
+    are unknown."""
 
 
 @register
@@ -599,6 +614,10 @@ class CudaSuspendFailed(Outcome, frozen=True, tag="cuda_suspend_failed"):
 @register
 class CudaResumed(Outcome, frozen=True, tag="cuda_resumed"):
     """Every suspended CUDA process of the sandbox runs again (restored and unlocked)."""
+
+    v: Literal[1, 2] = 2  # type: ignore[assignment]  # reads v1 and v2 (see above)
+    """v2: written by an agent that verifies a GPU sandbox before it runs (``verifying``);
+    a v1 line (an older agent) replays as it ran: a GPU actor straight to ``running``."""
 
     pids: str = ""
     """The sandbox pids resumed, comma-separated."""
@@ -638,6 +657,26 @@ class RestoreRefused(Outcome, frozen=True, tag="restore_refused"):
 
     def describe(self) -> str:
         return f"restore refused ({self.code}): {self.message}"
+
+
+@register
+class GpusVerified(Outcome, frozen=True, tag="gpus_verified"):
+    """After start or restore of a GPU actor: its sandbox sees exactly its own GPUs, and
+    every CUDA process a restore brought back reads ``running``."""
+
+    message: str = ""
+    """What was checked (and what could not be, with why)."""
+
+
+@register
+class GpuVerificationFailed(Outcome, frozen=True, tag="gpu_verification_failed"):
+    """The sandbox sees GPUs other than the actor's, or a restored CUDA process is not
+    ``running``: the sandbox was deleted (or is to be, by the next create/restore)."""
+
+    message: str
+
+    def describe(self) -> str:
+        return f"GPU verification failed: {self.message}"
 
 
 # --- decoding ---------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ class State(StrEnum):
     INJECTING = "injecting"
     CREATING = "creating"
     STARTING = "starting"
+    VERIFYING = "verifying"
     RUNNING = "running"
     PROBING = "probing"
     CUDA_SUSPENDING = "cuda_suspending"
@@ -77,6 +78,8 @@ class Trigger(StrEnum):
     CUDA_RESUME_FAILED = "cuda_resume_failed"
     PREFLIGHT_REFUSED = "preflight_refused"
     RESTORE_REFUSED = "restore_refused"
+    GPUS_VERIFIED = "gpus_verified"
+    GPU_VERIFICATION_FAILED = "gpu_verification_failed"
 
 
 class Effect(StrEnum):
@@ -86,6 +89,7 @@ class Effect(StrEnum):
     INJECT = "inject"
     CREATE = "create"
     START = "start"
+    VERIFY = "verify"
     PROBE = "probe"
     CUDA_SUSPEND = "cuda_suspend"
     CHECKPOINT = "checkpoint"

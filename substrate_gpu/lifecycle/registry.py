@@ -211,6 +211,26 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
             success=lambda a: events.SandboxStarted(actor_id=a.actor_id),
         ),
         EffectSpec(
+            name=Effect.VERIFY,
+            outcomes={
+                Trigger.GPUS_VERIFIED: Ending.OK,
+                Trigger.GPU_VERIFICATION_FAILED: Ending.ERROR,
+                **_TIMED_OUT,
+            },
+            failure=lambda a, m: events.GpuVerificationFailed(actor_id=a.actor_id, message=m),
+            # nvidia-smi -L and one cuda-checkpoint --get-state per CUDA process, via exec.
+            timeout=120.0,
+            metric_label="verify_gpus",
+            histogram=Histogram.RUNTIME,
+            recovery=RecoveryRule(
+                asks_runtime=True,
+                otherwise=RecoveryAction.FAILED,
+                by_status=_alive(RecoveryAction.RERUN),
+                deletes_leftover=True,
+                why="verifying only reads the sandbox (nvidia-smi -L, cuda-checkpoint --get-state)",
+            ),
+        ),
+        EffectSpec(
             name=Effect.PROBE,
             outcomes={
                 Trigger.NO_LIVE_CONTEXT: Ending.OK,

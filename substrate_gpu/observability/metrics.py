@@ -105,6 +105,8 @@ CHECKPOINT_REFUSAL_REASONS: Final[frozenset[str]] = frozenset(
         "restore-fewer-gpus",
         "restore-cpu-features",
         "restore-other-sandbox",
+        "restore-gpu-remap",
+        "restore-gpu-memory",
     }
 )
 """Why the agent refused to checkpoint an actor (before calling runsc)."""

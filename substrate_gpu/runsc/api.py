@@ -183,6 +183,7 @@ class PerActorRoot(Protocol):
         ...
 
 
+@runtime_checkable
 class SandboxExec(Protocol):
     """Running a command inside an existing sandbox (``runsc exec``).
 

@@ -171,6 +171,8 @@ def gpu_settings(config: AgentConfig, runtime: object) -> gpu.GpuSettings | None
         dev_root=config.dev_root,
         driver_preflight=config.driver_preflight,
         cuda_checkpoint_path=config.cuda_checkpoint,
+        # nvidia-smi -L and cuda-checkpoint --get-state in started/restored GPU sandboxes.
+        sandbox_exec=runtime,
         sandbox_tool=(
             gpu.exec_tool(runtime, config.sandbox_cuda_checkpoint)
             if config.sandbox_cuda_checkpoint

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from substrate_gpu import exceptions
+from substrate_gpu.testing import nvidia_ctk
 
 NVIDIA_MAJOR = 195
 NVIDIACTL_MINOR = 255
@@ -190,6 +191,27 @@ def install_runsc_standin(directory: Path) -> Path:
     return script
 
 
+def _nvidia_smi(root: Path, gpus: tuple[int, ...], driver_version: str) -> str:
+    """A simulated ``nvidia-smi``: ``-L`` lists the GPUs whose ``/dev/nvidiaN`` exist where it
+    runs (in a container: the ones injected, as nvproxy shows a sandbox its own), by the
+    UUIDs the nvidia-ctk stand-in gives them; the memory query answers every GPU of the node
+    (nothing used, 80 GiB free); anything else prints the banner."""
+    uuids = {i: nvidia_ctk.gpu_uuid(root, i) for i in gpus}
+    listing = "".join(
+        f'[ -e /dev/nvidia{i} ] && echo "GPU $n: Simulated GPU (UUID: {u})" && n=$((n+1))\n'
+        for i, u in sorted(uuids.items())
+    )
+    memory = "".join(f"echo '{u}, 0, 81920'\n" for _, u in sorted(uuids.items()))
+    return (
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        f"-L) n=0\n{listing}exit 0;;\n"
+        f"--query-gpu=uuid,memory.used,memory.free) {memory}exit 0;;\n"
+        "esac\n"
+        f"echo 'NVIDIA-SMI {driver_version} (simulated node: no GPU attached)'\n"
+    )
+
+
 def build_node(
     root: Path,
     *,
@@ -222,10 +244,7 @@ def build_node(
     build_libraries(driver_root / "lib64", libraries, version=driver_version)
     bin_dir = driver_root / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
-    _write_script(
-        bin_dir / "nvidia-smi",
-        f"#!/bin/sh\necho 'NVIDIA-SMI {driver_version} (simulated node: no GPU attached)'\n",
-    )
+    _write_script(bin_dir / "nvidia-smi", _nvidia_smi(root, gpus, driver_version))
     toolkit_dir = root / "opt/nvidia-toolkit"
     install_toolkit_standins(toolkit_dir)
     return SimulatedNode(

@@ -83,8 +83,11 @@ def _node(system_root: Path, dev_root: Path, name: str) -> bodies.DeviceNodeBody
     return node
 
 
-def _uuid(dev_root: Path, index: int) -> str:
-    digest = hashlib.sha256(f"{dev_root.resolve()}:{index}".encode()).hexdigest()
+def gpu_uuid(node_root: Path, index: int) -> str:
+    """The UUID this stand-in gives GPU ``index`` of the node whose ``dev/`` is under
+    ``node_root`` (stable per node, however the node's root is given: system root or
+    ``--dev-root``; the simulated nvidia-smi lists the same)."""
+    digest = hashlib.sha256(f"{node_root.resolve()}:{index}".encode()).hexdigest()
     return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
@@ -141,7 +144,12 @@ def build_spec(
         all_nodes.append(node)
         edits: bodies.ContainerEditsBody = {"deviceNodes": [node]}
         devices.append({"name": str(index), "containerEdits": edits})
-        devices.append({"name": _uuid(dev_root, index), "containerEdits": edits})
+        devices.append(
+            {
+                "name": gpu_uuid(system_root / dev_root.relative_to("/"), index),
+                "containerEdits": edits,
+            }
+        )
     devices.append({"name": "all", "containerEdits": {"deviceNodes": all_nodes}})
 
     mounts: list[bodies.MountBody] = []

@@ -33,6 +33,11 @@ T = "/opt/nvidia/cuda-checkpoint"
         pytest.param(
             argv.action(T, "unlock", 7), [T, "--action", "unlock", "--pid", "7"], id="unlock"
         ),
+        pytest.param(
+            argv.action(T, "restore", 7, device_map="GPU-a=GPU-b,GPU-c=GPU-c"),
+            [T, "--action", "restore", "--pid", "7", "--device-map", "GPU-a=GPU-b,GPU-c=GPU-c"],
+            id="restore-with-device-map",
+        ),
         pytest.param(argv.toggle(T, 7), [T, "--toggle", "--pid", "7"], id="toggle"),
         pytest.param(argv.help_(T), [T, "--help"], id="help"),
     ],
@@ -49,6 +54,9 @@ def test_cuda_checkpoint_argv(built, expected) -> None:
         pytest.param(lambda: argv.action(T, "checkpoint", 7, timeout_ms=10), id="timeout-not-lock"),
         pytest.param(lambda: argv.action(T, "lock", 7, timeout_ms=0), id="zero-timeout"),
         pytest.param(lambda: argv.get_state(T, 0), id="pid-zero"),
+        # --device-map is the restore's argument only (CUcheckpointRestoreArgs.gpuPairs).
+        pytest.param(lambda: argv.action(T, "unlock", 7, device_map="a=b"), id="map-not-restore"),
+        pytest.param(lambda: argv.action(T, "restore", 7, device_map="a=b,c"), id="map-half-pair"),
         pytest.param(lambda: argv.toggle(T, -3), id="negative-pid"),
     ],
 )

@@ -168,3 +168,61 @@ def test_unsupported_driver_fails_every_operation(run_standin, gpu_process) -> N
     )
     assert out.returncode == 1
     assert 'Error initializing CUDA: "operation not supported"' in out.stderr
+
+
+# -- --device-map (580 and newer) ----------------------------------------------------------
+
+OLD, NEW = "GPU-eea0d83f-ebcd-ac27-6b3e-bec2a19724e6", "GPU-8f4022ba-e0cb-1298-286e-225c953a7feb"
+
+
+def checkpointed_on(run_standin, pid: str, devices: str) -> None:
+    for action in ("lock", "checkpoint"):
+        out = run_standin("--action", action, "--pid", pid, CUDA_CHECKPOINT_STANDIN_DEVICES=devices)
+        assert out.returncode == 0, out.stderr
+
+
+def test_the_580_tool_restores_onto_other_gpus_with_a_device_map(run_standin, gpu_process) -> None:
+    pid = str(gpu_process.pid)
+    checkpointed_on(run_standin, pid, OLD)
+    knobs = {"CUDA_CHECKPOINT_STANDIN_VERSION": "580.65.06", "CUDA_CHECKPOINT_STANDIN_DEVICES": NEW}
+    out = run_standin("--action", "restore", "--pid", pid, "-d", f"{OLD}={NEW}", **knobs)
+    assert out.returncode == 0, out.stderr
+    assert state(run_standin, gpu_process.pid) == "locked"
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        pytest.param([], "no map: the state stays bound to the old GPU", id="no-map"),
+        pytest.param(["--device-map", f"{NEW}={NEW}"], "the old GPU unnamed", id="partial-map"),
+        pytest.param(["--device-map", f"{OLD}=GPU-gone"], "a GPU it cannot see", id="unseen"),
+    ],
+)
+def test_a_restore_onto_other_gpus_without_a_full_map_is_invalid(
+    run_standin, gpu_process, args, why
+) -> None:
+    """As the real tool (NVIDIA/cuda-checkpoint#35): "invalid argument", still checkpointed."""
+    pid = str(gpu_process.pid)
+    checkpointed_on(run_standin, pid, OLD)
+    knobs = {"CUDA_CHECKPOINT_STANDIN_VERSION": "580.65.06", "CUDA_CHECKPOINT_STANDIN_DEVICES": NEW}
+    out = run_standin("--action", "restore", "--pid", pid, *args, **knobs)
+    assert out.returncode == 1, why
+    assert f'Could not restore on process ID {pid}: "invalid argument"' in out.stderr
+    assert errors.error_class(out.stderr).__name__ == "NotACudaProcessError"
+    assert state(run_standin, gpu_process.pid) == "checkpointed"
+
+
+def test_the_570_tool_has_no_device_map(run_standin, gpu_process) -> None:
+    pid = str(gpu_process.pid)
+    checkpointed_on(run_standin, pid, OLD)
+    out = run_standin("--action", "restore", "--pid", pid, "--device-map", f"{OLD}={NEW}")
+    assert out.returncode == 1 and "Unknown option: --device-map" in out.stderr
+    assert "--device-map" not in run_standin("--help").stdout
+
+
+def test_a_device_map_is_for_restore_only(run_standin, gpu_process) -> None:
+    out = run_standin(
+        "--action", "lock", "--pid", str(gpu_process.pid), "--device-map", f"{OLD}={NEW}",
+        CUDA_CHECKPOINT_STANDIN_VERSION="580.65.06",
+    )  # fmt: skip
+    assert out.returncode == 1 and "only valid with --action restore" in out.stderr

@@ -54,7 +54,9 @@ class FakeTool:
     async def checkpoint(self, pid: int) -> None:
         await self._act("checkpoint", pid)
 
-    async def restore(self, pid: int) -> None:
+    async def restore(self, pid: int, device_map: str = "") -> None:
+        if device_map:
+            self.calls.append(("device-map", pid))
         await self._act("restore", pid)
 
     async def unlock(self, pid: int) -> None:
@@ -198,3 +200,24 @@ async def test_a_call_killed_by_our_timeout_is_rolled_back_from_its_reported_sta
     assert outcome.status == "refused"
     assert outcome.reason.startswith("tool timeout: pid 7")
     assert tool.states == {1: "running", 7: "running"}
+
+
+async def test_a_resume_after_a_remapped_restore_passes_the_device_map() -> None:
+    """Every restore of the resume carries the map; no other call does."""
+    tool = FakeTool({1: "checkpointed", 7: "checkpointed"})
+    outcome = await suspend.resume_processes(tool, [1, 7], device_map="GPU-a=GPU-b")
+    assert outcome.ok
+    assert [c for c in tool.calls if c[0] in {"device-map", "restore"}] == [
+        ("device-map", 1),
+        ("restore", 1),
+        ("device-map", 7),
+        ("restore", 7),
+    ]
+
+
+async def test_a_suspend_rollback_never_passes_a_device_map() -> None:
+    """A rollback restores processes onto the GPUs they never left."""
+    tool = FakeTool(running(1, 7), fail={("checkpoint", 7)})
+    outcome = await suspend.suspend_processes(tool, [1, 7])
+    assert outcome.status == "refused"
+    assert ("restore", 1) in tool.calls and not any(c[0] == "device-map" for c in tool.calls)

@@ -63,7 +63,8 @@ def test_suspend_is_accepted_after_the_context_closes(ran):
     refused_at = next(i for i, t in enumerate(trainer) if t.trigger == "checkpoint_refused")
     after = [(t.source, t.dest) for t in trainer[refused_at:]]
     assert ("checkpointing", "suspended") in after
-    assert ("restoring", "running") in after
+    # A GPU actor is verified (nvidia-smi -L in its sandbox) before it runs again.
+    assert ("restoring", "verifying") in after and ("verifying", "running") in after
 
 
 def test_every_actor_lives_its_whole_life(ran):

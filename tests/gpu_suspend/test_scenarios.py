@@ -25,6 +25,7 @@ from substrate_gpu.lifecycle import Agent, events, hooks
 from substrate_gpu.lifecycle.actors import ActorView
 from substrate_gpu.lifecycle.gpu import exec_tool
 from substrate_gpu.probes.fd_scan import FdScanProbe
+from substrate_gpu.runsc import api as runsc
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runc]
 
@@ -165,7 +166,7 @@ async def test_exec_route_suspends_through_the_sandbox_and_resumes_after_restore
         assert (manifest.cuda_state_included, manifest.route) == (True, events.ROUTE_EXEC)
         await agent.submit(events.RestoreRequested(actor_id=A))
         await agent.wait_for_state(A, "running", timeout=WAIT)
-        assert seen.path()[-3:] == ["restoring", "cuda_resuming", "running"]
+        assert seen.path()[-4:] == ["restoring", "cuda_resuming", "verifying", "running"]
         assert await cuda_state(world) == "running"
         assert await holds_gpu(world)
     (command,) = world.checkpoint_commands()
@@ -278,8 +279,9 @@ async def test_a_failed_exec_route_checkpoint_resumes_every_process(world: World
         await agent.submit(events.SuspendRequested(actor_id=A))
         await agent.settle()
         assert agent.state_of(A) == "running"
-        assert seen.path()[-5:] == [
-            "probing", "cuda_suspending", "checkpointing", "cuda_resuming", "running",
+        assert seen.path()[-6:] == [
+            "probing", "cuda_suspending", "checkpointing", "cuda_resuming", "verifying",
+            "running",
         ]  # fmt: skip
         assert "live nvproxy clients" in (view_of(agent).reason or "")
         assert view_of(agent).cuda_pids == ""
@@ -402,3 +404,46 @@ async def test_a_restore_that_leaves_a_process_locked_fails_the_actor_naming_it(
     assert "pid 1" in view.reason and "reads 'locked'" in view.reason
     assert await cuda_state(world) == "locked"
     assert replay(world.event_log).actors[A] == view
+
+
+async def test_a_runsc_route_restore_that_leaves_a_process_locked_fails_the_actor(
+    world: World,
+) -> None:
+    """runsc's route restores CUDA state inside runsc restore: the actor is verified before it
+    runs; pid 1 reading 'locked' through runsc exec fails it, naming the pid and the state,
+    and the sandbox is deleted (a hung GPU sandbox is not left running)."""
+    seen = Seen()
+    bundle, tool_state = world.bundle("runsc-locked")
+    async with await EventLog.open(world.event_log) as log:
+        agent = world.agent(log, seen, sandbox_exec=world.runtime)
+        async with agent:
+            await start_actor(agent, world, bundle)
+            await agent.submit(events.SuspendRequested(actor_id=A))
+            await agent.wait_for_state(A, "suspended", timeout=WAIT)
+            assert manifest_of(agent).route == events.ROUTE_RUNSC
+            (tool_state / "new-process-state").write_text("locked\n")
+            await agent.submit(events.RestoreRequested(actor_id=A))
+            await agent.wait_for_state(A, "failed", timeout=WAIT)
+            view = view_of(agent)
+            await agent.settle()
+    assert seen.path()[-3:] == ["restoring", "verifying", "failed"]
+    assert view.reason is not None
+    assert "pid 1 reads 'locked'" in view.reason and "after runsc restored" in view.reason
+    with pytest.raises(runsc.ContainerNotFoundError):
+        await world.runtime.state(A)
+    assert replay(world.event_log).actors[A] == view
+
+
+async def test_a_runsc_route_restore_whose_processes_run_reaches_running(world: World) -> None:
+    seen = Seen()
+    bundle, _ = world.bundle("runsc-verified")
+    async with scenario(world, seen, sandbox_exec=world.runtime) as agent:
+        await start_actor(agent, world, bundle)
+        await agent.submit(events.SuspendRequested(actor_id=A))
+        await agent.wait_for_state(A, "suspended", timeout=WAIT)
+        await agent.submit(events.RestoreRequested(actor_id=A))
+        await agent.wait_for_state(A, "running", timeout=WAIT)
+        assert seen.path()[-3:] == ["restoring", "verifying", "running"]
+    logged = [json.loads(line) for line in world.event_log.read_text().splitlines()[1:]]
+    verified = [e for e in logged if e.get("type") == "gpus_verified"]
+    assert "every restored CUDA process reads 'running'" in verified[-1]["message"]

@@ -23,12 +23,17 @@ def test_json_round_trip(event_type: str) -> None:
     assert type(back) is type(event)
 
 
+VERIFIED_BY_V2 = {"sandbox_started", "restored", "cuda_resumed"}
+
+
 @pytest.mark.parametrize("event_type", ALL_TYPES)
 def test_json_form_carries_type_version_actor_and_sequence(event_type: str) -> None:
     """The JSON object names its type, schema version, actor and sequence."""
     data = json.loads(make_event(event_type, actor_id="x").stamped(3).to_json())
-    # actor_registered v2: GPU allocation, v3: sandboxes; suspend_requested v2: image_path
-    version = {"actor_registered": 3, "suspend_requested": 2}.get(event_type, 1)
+    # actor_registered v2: GPU allocation, v3: sandboxes; suspend_requested v2: image_path;
+    # v2 of the start/restore outcomes: the GPU check after start/restore.
+    versions = {"actor_registered": 3, "suspend_requested": 2, **dict.fromkeys(VERIFIED_BY_V2, 2)}
+    version = versions.get(event_type, 1)
     assert (data["type"], data["v"], data["actor_id"], data["seq"]) == (event_type, version, "x", 3)
     assert isinstance(data["at"], float)
 
@@ -190,3 +195,12 @@ def test_a_version_bump_reads_both_versions_and_upgrades_the_old_one() -> None:
         errors.EventSchemaError, match="schema version 3; this agent reads version 1, 2"
     ):
         decoder.decode(b'{"type": "bumped_for_test", "v": 3, "actor_id": "a"}')
+
+
+@pytest.mark.parametrize("event_type", sorted(VERIFIED_BY_V2))
+def test_v1_lines_of_the_outcomes_before_verification_still_decode(event_type: str) -> None:
+    """A v1 line (an agent before ``verifying``) reads back as v1: the machine replays it
+    straight to running (``verifies_gpus`` is false for it)."""
+    data = json.loads(make_event(event_type, actor_id="x").stamped(3).to_json())
+    old = events.from_json(json.dumps({**data, "v": 1}))
+    assert (old.type, old.v) == (event_type, 1)

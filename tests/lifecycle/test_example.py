@@ -19,7 +19,8 @@ def test_embedding_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     anyio.run(namespace["main"])  # every wait in the example has its own timeout
     out = capsys.readouterr().out
     assert "running -> running on suspend_requested  (suspend refused" in out
-    assert "restoring -> running on restored" in out
+    assert "restoring -> verifying on restored" in out  # a GPU actor is checked first
+    assert "verifying -> running on gpus_verified" in out
     assert "actors by state: {'running': 1}" in out
 
 

@@ -25,6 +25,7 @@ def _gpu_running() -> list[events.Event]:
         events.GpuInjected(actor_id=A, devices=1),
         events.SandboxCreated(actor_id=A),
         events.SandboxStarted(actor_id=A),
+        events.GpusVerified(actor_id=A),
     ]
 
 
@@ -65,6 +66,7 @@ def test_a_new_sandbox_after_a_failure_starts_with_no_live_context(tmp_path: Pat
         events.GpuInjected(actor_id=A, devices=1),
         events.SandboxCreated(actor_id=A),
         events.SandboxStarted(actor_id=A),
+        events.GpusVerified(actor_id=A),
     ]
     view = _replayed(tmp_path, life)
     assert (view.state, view.live_contexts) == ("running", 0)
@@ -104,6 +106,7 @@ def test_restoring_the_same_exec_route_checkpoint_twice_resumes_its_pids_again(
         *_exec_route_suspend("7,9"),
         *_restore_exec_image(),
         events.CudaResumed(actor_id=A, pids="7,9"),
+        events.GpusVerified(actor_id=A),
         events.SandboxExited(actor_id=A, status=137),
         *_restore_exec_image(),
     ]
@@ -141,3 +144,17 @@ def test_contexts_of_different_pids_count_separately(tmp_path: Path) -> None:
         events.CudaContextClosed(actor_id=A, pid=7),
     ]
     assert _replayed(tmp_path, life).live_contexts == 1
+
+
+def test_a_gpu_actor_of_a_log_before_verification_replays_straight_to_running(
+    tmp_path: Path,
+) -> None:
+    """v1 sandbox_started/restored/cuda_resumed (an agent without ``verifying``) replay as
+    they ran; v2 ones wait in ``verifying`` for the check."""
+    old = [e for e in _gpu_running() if e.type != "gpus_verified"]
+    old[-1] = events.SandboxStarted(actor_id=A, v=1)
+    (tmp_path / "v1").mkdir()
+    assert _replayed(tmp_path / "v1", old).state == "running"
+    new = [*old[:-1], events.SandboxStarted(actor_id=A)]
+    (tmp_path / "v2").mkdir()
+    assert _replayed(tmp_path / "v2", new).state == "verifying"

@@ -70,6 +70,10 @@ def _setup_for(t: machine.TransitionSpec, source: str) -> tuple[actors.ActorView
         actor_fields["suspend_route"] = (
             events.ROUTE_EXEC if truth["suspended_cuda_in_sandbox"] else ""
         )
+    if "verifies_gpus" in truth:
+        # A GPU actor and an event of an agent that verifies (v2); else a v1 line.
+        actor_fields["gpu"] = True
+        event_fields["v"] = 2 if truth["verifies_gpus"] else 1
     if "image_has_exec_cuda_state" in truth:
         event_fields["cuda_route"] = events.ROUTE_EXEC if truth["image_has_exec_cuda_state"] else ""
     if source == SPEC.initial:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import re
+import typing
 from pathlib import Path
 
 import prometheus_client
@@ -12,6 +13,7 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
+from substrate_gpu import preflight
 from substrate_gpu.lifecycle import machine
 from substrate_gpu.observability import metrics
 from substrate_gpu.observability.metrics import AgentMetrics
@@ -401,3 +403,10 @@ def test_the_default_label_sets_are_the_machines() -> None:
     spec = machine.load_spec()
     assert set(spec.state_names) == metrics.ACTOR_STATES
     assert {t.trigger for t in spec.transitions} == metrics.TRIGGERS
+
+
+def test_every_preflight_refusal_code_is_a_refusal_label() -> None:
+    """A restore_refused/preflight_refused code is counted under its own label, not folded
+    into another (issue 26 added restore-gpu-remap and restore-gpu-memory)."""
+    codes = set(typing.get_args(preflight.RefusalCode))
+    assert codes <= metrics.CHECKPOINT_REFUSAL_REASONS, codes - metrics.CHECKPOINT_REFUSAL_REASONS

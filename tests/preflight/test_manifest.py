@@ -48,7 +48,7 @@ def test_an_image_without_a_manifest_reads_none(tmp_path: Path) -> None:
     [
         pytest.param("{", "invalid JSON", id="not-json"),
         pytest.param("[]", "not a JSON object", id="not-object"),
-        pytest.param({"schema": 4}, "unknown schema", id="future-schema"),
+        pytest.param({"schema": 5}, "unknown schema", id="future-schema"),
         pytest.param(
             {"schema": 1, "driver_version": "", "gpu_count": 1, "cuda_state_included": True},
             "driver_version",

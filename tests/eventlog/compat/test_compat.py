@@ -29,20 +29,26 @@ REPLAYED = [
 ]
 
 
-#: Event types added after each fixture was written (GPU allocation).
+#: Event types added after each fixture was written (GPU allocation; the GPU check after
+#: start and restore).
+VERIFICATION = {"gpus_verified", "gpu_verification_failed"}
 ADDED_SINCE: dict[str, set[str]] = {
-    "v1": {"gpus_allocated", "gpus_unavailable", "gpus_refused", "gpus_freed"},
-    "v2": set(),
+    "v1": {"gpus_allocated", "gpus_unavailable", "gpus_refused", "gpus_freed", *VERIFICATION},
+    "v2": VERIFICATION,
 }
 #: Fields added after each fixture, with their defaults (an old line reads with them).
 FIELDS_ADDED_SINCE: dict[str, dict[str, dict[str, object]]] = {
     "v1": {
         "actor_registered": {"gpus": 0, "gpu_names": [], "containers": [], "identity": {}},
         "suspend_requested": {"image_path": None},
+        "cuda_suspended": {"gpu_memory": ""},
+        "restored": {"device_map": ""},
     },
     "v2": {
         "actor_registered": {"containers": [], "identity": {}},
         "suspend_requested": {"image_path": None},
+        "cuda_suspended": {"gpu_memory": ""},
+        "restored": {"device_map": ""},
     },
 }
 
