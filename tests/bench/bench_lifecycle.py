@@ -124,6 +124,7 @@ def _gpu_life(a: str) -> list[events.Event]:
         events.GpuInjected(actor_id=a, devices=2),
         events.SandboxCreated(actor_id=a),
         events.SandboxStarted(actor_id=a),
+        events.GpusVerified(actor_id=a),  # a GPU sandbox runs once it sees only its GPUs
         events.CudaContextOpened(actor_id=a, pid=7),
         events.SuspendRequested(actor_id=a),
         events.LiveContextFound(actor_id=a, route=events.ROUTE_EXEC),
@@ -135,6 +136,7 @@ def _gpu_life(a: str) -> list[events.Event]:
             actor_id=a, image_path=f"/ck/{a}/1", devices=2, cuda_route=events.ROUTE_EXEC
         ),
         events.CudaResumed(actor_id=a, pids="7"),
+        events.GpusVerified(actor_id=a),
         events.SuspendRequested(actor_id=a),
         events.NoLiveContext(actor_id=a),
         events.CheckpointWritten(actor_id=a, image_path=f"/ck/{a}/2"),

@@ -44,6 +44,8 @@ def _life(a: str, gpu: bool, suspend: bool) -> list[events.Event]:
         ),
         events.SandboxCreated(actor_id=a),
         events.SandboxStarted(actor_id=a),
+        # A GPU sandbox runs once it sees only its GPUs.
+        *([events.GpusVerified(actor_id=a)] if gpu else []),
         events.CudaContextOpened(actor_id=a, pid=7),
     ]
     if gpu:
