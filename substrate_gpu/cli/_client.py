@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import json
 import sys
 from collections.abc import Iterable, Iterator
@@ -121,6 +120,8 @@ def _event(args: argparse.Namespace) -> dict[str, Any]:
 
     cls = events.REGISTRY.get(args.type)
     if cls is None or not cls.external:
+        import difflib  # noqa: PLC0415 - only on a misspelt name
+
         close = difflib.get_close_matches(args.type, protocol.EXTERNAL_TYPES, n=3, cutoff=0.6)
         hint = (
             f"did you mean {' or '.join(repr(c) for c in close)}?"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import difflib
 import json
 import sys
 from collections.abc import Iterator
@@ -118,6 +117,8 @@ def _unknown_actor(path: Path, actor: str, known: list[str]) -> str:
     message = f"no actor {actor!r} in {path}"
     if not known:
         return f"{message}: the log has no actor"
+    import difflib  # noqa: PLC0415 - only on a misspelt name
+
     closest = difflib.get_close_matches(actor, known, n=5, cutoff=0.7)
     if closest:
         return f"{message}; did you mean {', '.join(sorted(closest))}?"

@@ -19,7 +19,6 @@ property tests over random event streams; it also renders the diagram.
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -43,8 +42,14 @@ DEFAULT_MACHINE = next((p for p in MACHINE_CANDIDATES if p.is_file()), MACHINE_C
 #: Format of the compiled form (:func:`compiled_path`).
 COMPILED_FORMAT = "substrate-gpu-machine-compiled"
 
-# transitions logs every trigger at INFO: far too chatty for 100k actors.
-logging.getLogger("transitions").setLevel(logging.WARNING)
+
+def _quiet_transitions() -> None:
+    """transitions logs every trigger at INFO: far too chatty for 100k actors. Set where
+    transitions is used (the reference engine, the diagram): replay and the live path never
+    import it, nor logging."""
+    import logging  # noqa: PLC0415
+
+    logging.getLogger("transitions").setLevel(logging.WARNING)
 
 
 @dataclass(frozen=True)
@@ -455,6 +460,7 @@ class TransitionsEngine:
         # passes the event on to every condition and callback.
         from transitions import Machine  # noqa: PLC0415 - the reference, not the live path
 
+        _quiet_transitions()
         self.machine = Machine(model=None, **_machine_config(spec))
         self._triggers: dict[str, Callable[[actors.Actor, events.Event], bool]] = {
             name: event.trigger for name, event in self.machine.events.items()
@@ -547,6 +553,8 @@ def _holds(
 def render_mermaid(spec: MachineSpec) -> str:
     """The mermaid state diagram of ``spec``, as transitions' mermaid backend renders it."""
     from transitions.extensions.diagrams import GraphMachine  # noqa: PLC0415 (docs only)
+
+    _quiet_transitions()
 
     class _Model:
         """A throwaway model: the diagram only needs a state attribute."""
