@@ -53,7 +53,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import os
 import signal
 import socket
 import stat
@@ -76,9 +75,9 @@ from substrate_gpu.observability.metrics import AgentMetrics
 from substrate_gpu.observability.registry import AgentRegistry
 from substrate_gpu.probes.api import CudaContextProbe
 from substrate_gpu.runsc.api import SandboxRuntime
+from substrate_gpu.service import _socketfile, protocol, query, recovery, wiring
 from substrate_gpu.service import config as config_
 from substrate_gpu.service import health as health_
-from substrate_gpu.service import protocol, query, recovery, wiring
 from substrate_gpu.service.config import AgentConfig
 
 log = structlog.get_logger(__name__)
@@ -453,26 +452,18 @@ async def serve_socket(
 ) -> None:
     """Accept connections on the Unix socket ``path`` (mode 0600) until cancelled."""
     limits = limits or ClientLimits()
-    try:
-        # Private like the socket (systemd's RuntimeDirectoryMode=0700); an existing one is kept.
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as e:
-        raise exceptions.ConfigError(
-            f"while creating the agent socket's directory {path.parent}: {e.strerror or e}; "
-            "check its parent is writable, or choose another --socket"
-        ) from e
+    _socketfile.make_private_dir(
+        path, "agent socket", "check its parent is writable, or choose another --socket"
+    )
     _claim_socket_path(path)
-    # umask while binding: the socket is never reachable by others, not even briefly.
-    old = os.umask(0o177)
     try:
-        listener = await anyio.create_unix_listener(path)
+        with _socketfile.private_umask():
+            listener = await anyio.create_unix_listener(path)
     except OSError as e:
         raise exceptions.ConfigError(
             f"while creating the agent socket {path}: {e.strerror or e}; "
             "check the directory exists and is writable, or choose another --socket"
         ) from e
-    finally:
-        os.umask(old)
     path.chmod(0o600)
     ours = path.stat()
     try:
@@ -480,11 +471,7 @@ async def serve_socket(
             task_status.started()
             await _accept_forever(service, listener, clients, limits)
     finally:
-        # Remove the socket only while it is still ours (never another agent's).
-        with contextlib.suppress(OSError):
-            now = path.stat()
-            if (now.st_dev, now.st_ino) == (ours.st_dev, ours.st_ino):
-                path.unlink()
+        _socketfile.unlink_if_ours(path, ours)
 
 
 async def _accept_forever(

@@ -36,7 +36,7 @@ import hashlib
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -50,7 +50,7 @@ from google.protobuf import message
 from substrate_gpu import exceptions
 from substrate_gpu.injection import devices
 from substrate_gpu.lifecycle import Agent, actors, errors, events, hooks
-from substrate_gpu.service import cgroup_stats, protocol, worker_requests
+from substrate_gpu.service import _socketfile, cgroup_stats, protocol, worker_requests
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -211,12 +211,7 @@ class WorkerService:
         workload = self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
         self._runsc.check(request.runsc_path)
         async with self._locks.held(uid):
-            self._not_draining()  # SIGTERM may have come while this call waited for the lock
-            self._not_executing(uid)
-            actor_id = await self._register(request, workload)
-            self._cgroups[actor_id] = worker_requests.apply_size(
-                workload.bundle_dir, actor_id, request.cpu_milli, request.memory_bytes
-            )
+            actor_id = await self._activate(uid, request, workload)
             await self._reach(actor_id, events.RunRequested(actor_id=actor_id), "running", "run")
         return pb.RunWorkloadResponse()
 
@@ -234,12 +229,7 @@ class WorkerService:
             )
         self._runsc.check(request.runsc_path)
         async with self._locks.held(uid):
-            self._not_draining()  # SIGTERM may have come while this call waited for the lock
-            self._not_executing(uid)
-            actor_id = await self._register(request, workload)
-            self._cgroups[actor_id] = worker_requests.apply_size(
-                workload.bundle_dir, actor_id, request.cpu_milli, request.memory_bytes
-            )
+            actor_id = await self._activate(uid, request, workload)
             # runsc restore only reads the image: restore_dir is left as it is whether or
             # not preserve_restore_dir is set (tests/runsc/test_real_worker_api.py checks it).
             restore = events.RestoreRequested(actor_id=actor_id, image_path=str(image))
@@ -362,6 +352,21 @@ class WorkerService:
                 f"this worker already executes {uid!r} (actor {view.actor_id!r}, "
                 f"{view.state!r}): checkpoint or terminate it first",
             )
+
+    async def _activate(
+        self,
+        uid: str,
+        request: pb.RunWorkloadRequest | pb.RestoreWorkloadRequest,
+        workload: worker_requests.Workload,
+    ) -> str:
+        """Under the UID's lock: a new activation registered and sized (Run and Restore)."""
+        self._not_draining()  # SIGTERM may have come while this call waited for the lock
+        self._not_executing(uid)
+        actor_id = await self._register(request, workload)
+        self._cgroups[actor_id] = worker_requests.apply_size(
+            workload.bundle_dir, actor_id, request.cpu_milli, request.memory_bytes
+        )
+        return actor_id
 
     async def _register(
         self,
@@ -575,15 +580,6 @@ def _serialize(response: message.Message) -> bytes:
     return response.SerializeToString()
 
 
-@contextlib.contextmanager
-def _umask(mask: int) -> Iterator[None]:
-    old = os.umask(mask)
-    try:
-        yield
-    finally:
-        os.umask(old)
-
-
 @contextlib.asynccontextmanager
 async def serving(
     worker: WorkerService, path: Path, claim: Callable[[Path], None]
@@ -593,18 +589,12 @@ async def serving(
     ``claim`` replaces a stale socket file and refuses one another process serves (the
     JSON socket's rule). On leaving, calls in progress get a moment to answer.
     """
-    try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as e:
-        raise exceptions.ConfigError(
-            f"while creating the worker socket's directory {path.parent}: {e.strerror or e}; "
-            "choose another --worker-socket"
-        ) from e
+    _socketfile.make_private_dir(path, "worker socket", "choose another --worker-socket")
     claim(path)
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((worker.handler(),))
     try:
-        with _umask(0o177):  # never reachable by others, not even briefly
+        with _socketfile.private_umask():
             server.add_insecure_port(f"unix:{path}")
             await server.start()
     except RuntimeError as e:
@@ -617,7 +607,4 @@ async def serving(
     finally:
         with anyio.CancelScope(shield=True):
             await server.stop(grace=1.0)
-        with contextlib.suppress(OSError):
-            now = path.stat()
-            if (now.st_dev, now.st_ino) == (ours.st_dev, ours.st_ino):
-                path.unlink()
+        _socketfile.unlink_if_ours(path, ours)
