@@ -39,3 +39,34 @@ WORKER_IMAGE_ENV: Final = "ATE_DEFAULT_ATEOM_IMAGE"
 
 MAX_SPEC_BYTES: Final = 16 * 1024 * 1024
 """The largest CDI spec file read (``--max-spec-bytes``); a generated spec is ~30 KiB."""
+
+# Upstream's worker contract (agent-substrate 533900d): what a worker pod reports to atelet,
+# and where the WorkerPool controller puts what it needs. The agent's flags default to these
+# and pool rendering writes them, so the two cannot drift.
+
+MAX_ACTORS: Final = 1000
+"""Actors one worker hosts at once (``--max-actors``; upstream's worker's default)."""
+
+WORKER_SUPPORT_SOCKET: Final = Path("/var/lib/ate/worker-support.sock")
+"""atelet's node-local socket for its workers (upstream's ``nodepath.WorkerSupportSocket``)."""
+
+CAPACITY_DIR: Final = Path("/run/worker-capacity")
+"""The worker container's own limits, projected by the downward API (``--capacity-dir``)."""
+
+CPU_LIMIT_FILE: Final = "cpu_milli"
+"""In :data:`CAPACITY_DIR`: the container's CPU limit in millicores."""
+
+MEMORY_LIMIT_FILE: Final = "memory_bytes"
+"""In :data:`CAPACITY_DIR`: the container's memory limit in bytes."""
+
+POD_IDENTITY_DIR: Final = Path("/run/podidentity.podcert.ate.dev")
+"""Where the worker's Pod certificate and its signer's trust bundle are projected."""
+
+CREDENTIAL_BUNDLE: Final = POD_IDENTITY_DIR / "credential-bundle.pem"
+"""The worker's Pod credential bundle (``--atunnel-credential-bundle``)."""
+
+TRUST_BUNDLE: Final = POD_IDENTITY_DIR / "trust-bundle.pem"
+"""The Pod identity signer's trust bundle (``--atunnel-trust-bundle``)."""
+
+ATELET_SPIFFE_ID: Final = "spiffe://cluster.local/ns/ate-system/sa/atelet"
+"""The identity atelet presents in the canonical install (``--atunnel-broker-identity``)."""

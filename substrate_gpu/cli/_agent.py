@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from substrate_gpu import exceptions
+from substrate_gpu import _defaults, exceptions
 from substrate_gpu.cli import _deferred
 
 if TYPE_CHECKING:
@@ -75,6 +75,55 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         float,
         config_.DEFAULT_DRAIN_TIMEOUT,
         "on SIGTERM/SIGINT, seconds to let running effects finish",
+    )
+    worker = parser.add_argument_group(
+        "the worker API and atelet (with --worker-socket; docs/worker-api.md)"
+    )
+    _defaulted(
+        worker,
+        "--max-actors",
+        int,
+        config_.DEFAULT_MAX_ACTORS,
+        "actors hosted at once: one Run or Restore more is answered RESOURCE_EXHAUSTED; "
+        "reported to atelet as the worker's capacity",
+    )
+    worker.add_argument(
+        "--atelet-socket",
+        type=str,
+        default=str(config_.DEFAULT_ATELET_SOCKET),
+        help="atelet's worker-support socket the capacity report goes to, over mTLS; an "
+        "empty value turns the report off (default: %(default)s)",
+    )
+    _defaulted(
+        worker,
+        "--atunnel-credential-bundle",
+        Path,
+        _defaults.CREDENTIAL_BUNDLE,
+        "the worker's Pod credential bundle (PEM: its private key, then its certificate "
+        "chain), presented to atelet",
+    )
+    _defaulted(
+        worker,
+        "--atunnel-trust-bundle",
+        Path,
+        _defaults.TRUST_BUNDLE,
+        "the Pod identity signer's trust bundle (PEM) atelet's certificate must chain to",
+    )
+    _defaulted(
+        worker,
+        "--atunnel-broker-identity",
+        str,
+        _defaults.ATELET_SPIFFE_ID,
+        "the SPIFFE ID atelet must present (override when atelet runs outside the default "
+        "namespace)",
+    )
+    _defaulted(
+        worker,
+        "--capacity-dir",
+        Path,
+        _defaults.CAPACITY_DIR,
+        f"the downward-API files {_defaults.CPU_LIMIT_FILE} and {_defaults.MEMORY_LIMIT_FILE}: "
+        "the container's CPU (millicores) and memory (bytes) limits, reported to atelet",
     )
     limits = parser.add_argument_group("client limits (socket)")
     _defaulted(
@@ -196,6 +245,11 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
             raise exceptions.ConfigError(
                 f"while reading {flag}: {seconds} must be a positive number of seconds"
             )
+    if not 0 <= args.max_actors <= config_.MAX_ACTORS_LIMIT:
+        raise exceptions.ConfigError(
+            f"while reading --max-actors: {args.max_actors} must be between 0 and "
+            f"{config_.MAX_ACTORS_LIMIT}"
+        )
     for flag in args.runsc_flags:
         # A positional here would become runsc's subcommand (Go's flag stops at it).
         if not flag.startswith("-"):
@@ -226,6 +280,12 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
         driver_preflight=args.driver_preflight,
         cuda_checkpoint=args.cuda_checkpoint,
         sandbox_cuda_checkpoint=args.sandbox_cuda_checkpoint,
+        max_actors=args.max_actors,
+        atelet_socket=Path(args.atelet_socket) if args.atelet_socket else None,
+        credential_bundle=args.atunnel_credential_bundle,
+        trust_bundle=args.atunnel_trust_bundle,
+        atelet_spiffe_id=args.atunnel_broker_identity,
+        capacity_dir=args.capacity_dir,
     )
 
 

@@ -36,6 +36,7 @@ from substrate_gpu.observability import health
 
 __all__ = [
     "ACTOR_STATES",
+    "ATELET_REGISTRATION_STATES",
     "CHECKPOINT_FAILURE_REASONS",
     "CHECKPOINT_REFUSAL_REASONS",
     "CONNECTION_CLOSE_REASONS",
@@ -152,6 +153,10 @@ CONNECTION_CLOSE_REASONS: Final[frozenset[str]] = frozenset(
     {"max_clients", "idle_timeout", "line_timeout", "send_timeout", "too_long"}
 )
 """Why the agent hung up on a client (docs/agent.md, "Limits")."""
+
+ATELET_REGISTRATION_STATES: Final[tuple[str, ...]] = ("off", "reporting", "registered", "stopped")
+"""Where the capacity report to atelet stands (docs/worker-api.md, "Registering with atelet"):
+not sent, sent and being retried, accepted, given up on a misconfiguration."""
 
 # Buckets. Injection edits a config.json and stats a few device nodes: 0.5 ms .. 2.5 s.
 _INJECTION_BUCKETS: Final = (
@@ -438,6 +443,13 @@ class AgentMetrics:
             ["worker"],
             registry=registry,
         )
+        self._atelet_registration = Gauge(
+            "substrate_gpu_atelet_registration",
+            "1 for the state the worker's capacity report to atelet is in, 0 for the others.",
+            ["state"],
+            registry=registry,
+        )
+        self.atelet_registration("off")
         self._queue_depth_source = queue_depth
         if queue_depth is not None:
             self._queue_depth.set_function(lambda: float(queue_depth()))
@@ -556,6 +568,15 @@ class AgentMetrics:
     def event_log_failed(self) -> None:
         """Mark the event log unusable: the agent acknowledges nothing more."""
         self._event_log_usable.set(0)
+
+    def atelet_registration(self, state: str) -> None:
+        """Say where the capacity report to atelet stands (one of
+        :data:`ATELET_REGISTRATION_STATES`; another value is ``other``)."""
+        current = _bounded(state, frozenset(ATELET_REGISTRATION_STATES))
+        for name in ATELET_REGISTRATION_STATES:
+            self._atelet_registration.labels(name).set(1 if name == current else 0)
+        if current == OTHER:
+            self._atelet_registration.labels(OTHER).set(1)
 
     def report_readiness(self, readiness: Callable[[], health.Report]) -> None:
         """Export ``substrate_gpu_agent_ready{check}`` from ``readiness`` (called per scrape,

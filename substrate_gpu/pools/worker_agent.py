@@ -35,9 +35,24 @@ container resumes from its event log and restores suspended actors from their ch
   ``/var/lib/ate/workers/<pod uid>/worker.sock`` (upstream's ``nodepath.WorkerSocketPath``;
   70 bytes), and the per-actor directories atelet prepares under ``/var/lib/ate/actors``
   (bundles, checkpoint and restore directories) that the worker API's calls name. The agent
-  serves ``ateworker.Worker`` there (``--worker-socket``, docs/worker-api.md). Registering
-  the worker with atelet (``AteomSupport/RegisterWorker`` over mTLS) is not done: out of
-  scope, see docs/worker-api.md.
+  serves ``ateworker.Worker`` there (``--worker-socket``, docs/worker-api.md), and reports
+  its capacity to atelet on ``/var/lib/ate/worker-support.sock`` beside it.
+
+What that report needs, given as upstream's controller gives its worker
+(``workerpool_apply.go`` at 533900d; docs/worker-api.md, "Registering with atelet"):
+
+- ``atunnel-identity``, a projected volume at ``/run/podidentity.podcert.ate.dev``: the pod's
+  own certificate (a ``podCertificate`` of the Pod identity signer, ECDSA P-256, written as
+  ``credential-bundle.pem``) and that signer's trust bundle (``clusterTrustBundle``, the
+  ``podcert.ate.dev/canarying: live`` bundles, as ``trust-bundle.pem``), named to the agent
+  by ``--atunnel-credential-bundle`` and ``--atunnel-trust-bundle``;
+- ``worker-capacity``, a downward-API volume at ``/run/worker-capacity``: the container's
+  own ``limits.cpu`` in millicores (``cpu_milli``) and ``limits.memory`` in bytes
+  (``memory_bytes``), which the agent reports.
+
+``--max-actors`` is left at its default, as upstream's controller leaves it (the pool's
+``maxActorsPerWorker`` is the control plane's placement bound), and so is atelet's SPIFFE ID
+(the canonical install's).
 
 Metrics, ``/healthz`` and ``/readyz`` are served on the agent's port (9477), on every
 address (the kubelet probes the pod's IP). The grace period exceeds the agent's drain
@@ -61,10 +76,13 @@ __all__ = [
     "AGENT_COMMAND",
     "ATE_BASE_PATH",
     "ATE_VOLUME",
+    "CAPACITY_VOLUME",
     "CHECKPOINT_ROOT",
     "DRAIN_TIMEOUT_S",
     "EVENT_LOG",
     "GPU_TOLERATION",
+    "IDENTITY_SIGNER",
+    "IDENTITY_VOLUME",
     "METRICS_PORT",
     "METRICS_PORT_NAME",
     "POOL_STATE_MOUNT_PATH",
@@ -91,6 +109,11 @@ SOCKET_MOUNT_PATH: Final = "/run/substrate-gpu"
 ATE_VOLUME: Final = "ate-base"
 ATE_BASE_PATH: Final = "/var/lib/ate"
 """Upstream's ``nodepath.BasePath`` at 533900d: mounted at the same path in atelet and workers."""
+
+IDENTITY_VOLUME: Final = "atunnel-identity"
+IDENTITY_SIGNER: Final = "podidentity.podcert.ate.dev/identity"
+"""The Pod identity signer of upstream's install: it issues the pod certificates atelet trusts."""
+CAPACITY_VOLUME: Final = "worker-capacity"
 
 EVENT_LOG: Final = f"{STATE_MOUNT_PATH}/events.jsonl"
 CHECKPOINT_ROOT: Final = f"{STATE_MOUNT_PATH}/checkpoints"
@@ -140,6 +163,8 @@ AGENT_ARGS: Final = (
     str(METRICS_PORT),
     "--drain-timeout",
     str(DRAIN_TIMEOUT_S),
+    f"--atunnel-credential-bundle={_defaults.CREDENTIAL_BUNDLE}",
+    f"--atunnel-trust-bundle={_defaults.TRUST_BUNDLE}",
 )
 """``substrate-gpu`` arguments of the agent in a GPU worker. Logs are JSON lines (stderr is
 no terminal); ``--driver-root`` comes from ``ATE_NVIDIA_DRIVER_ROOT`` when the controller
@@ -181,6 +206,16 @@ def run_agent_in(container: dict[str, object], pod_spec: dict[str, object]) -> N
                 "subPathExpr": f"$({_POD_UID})",
             },
             {"name": ATE_VOLUME, "mountPath": ATE_BASE_PATH},
+            {
+                "name": IDENTITY_VOLUME,
+                "mountPath": str(_defaults.POD_IDENTITY_DIR),
+                "readOnly": True,
+            },
+            {
+                "name": CAPACITY_VOLUME,
+                "mountPath": str(_defaults.CAPACITY_DIR),
+                "readOnly": True,
+            },
         ]
     )
     _list(pod_spec, "volumes").extend(
@@ -197,12 +232,64 @@ def run_agent_in(container: dict[str, object], pod_spec: dict[str, object]) -> N
                 "name": ATE_VOLUME,
                 "hostPath": {"path": ATE_BASE_PATH, "type": "DirectoryOrCreate"},
             },
+            _identity_volume(),
+            _capacity_volume(str(container["name"])),
         ]
     )
     pod_spec["terminationGracePeriodSeconds"] = TERMINATION_GRACE_S
     tolerations = _list(pod_spec, "tolerations")
     if GPU_TOLERATION not in tolerations:
         tolerations.append(dict(GPU_TOLERATION))
+
+
+def _identity_volume() -> dict[str, object]:
+    """The pod's certificate and its signer's trust bundle, where the agent's flags say."""
+    return {
+        "name": IDENTITY_VOLUME,
+        "projected": {
+            "sources": [
+                {
+                    "podCertificate": {
+                        "signerName": IDENTITY_SIGNER,
+                        "keyType": "ECDSAP256",
+                        "credentialBundlePath": _defaults.CREDENTIAL_BUNDLE.name,
+                    }
+                },
+                {
+                    "clusterTrustBundle": {
+                        "signerName": IDENTITY_SIGNER,
+                        "labelSelector": {"matchLabels": {"podcert.ate.dev/canarying": "live"}},
+                        "path": _defaults.TRUST_BUNDLE.name,
+                    }
+                },
+            ]
+        },
+    }
+
+
+def _capacity_volume(container: str) -> dict[str, object]:
+    """The container's own CPU and memory limits as files. The downward API writes
+    ceil(limit / divisor): in millicores, so a fractional CPU is not rounded up to a core."""
+
+    def limit(path: str, resource: str, divisor: str) -> dict[str, object]:
+        return {
+            "path": path,
+            "resourceFieldRef": {
+                "containerName": container,
+                "resource": resource,
+                "divisor": divisor,
+            },
+        }
+
+    return {
+        "name": CAPACITY_VOLUME,
+        "downwardAPI": {
+            "items": [
+                limit(_defaults.CPU_LIMIT_FILE, "limits.cpu", "1m"),
+                limit(_defaults.MEMORY_LIMIT_FILE, "limits.memory", "1"),
+            ]
+        },
+    }
 
 
 def _probe(path: str, *, period: int, failures: int) -> dict[str, object]:

@@ -18,6 +18,10 @@ DEFAULT_MAX_CLIENTS: Final = 256
 DEFAULT_IDLE_TIMEOUT: Final = 300.0
 DEFAULT_LINE_TIMEOUT: Final = 10.0
 DEFAULT_LIVENESS_TIMEOUT: Final = 10.0
+DEFAULT_MAX_ACTORS: Final = _defaults.MAX_ACTORS
+DEFAULT_ATELET_SOCKET: Final = _defaults.WORKER_SUPPORT_SOCKET
+MAX_ACTORS_LIMIT: Final = 2**31 - 1
+"""The report carries ``--max-actors`` as an int32."""
 
 
 @dataclass(frozen=True)
@@ -72,3 +76,17 @@ class AgentConfig:
     """The host's ``cuda-checkpoint``: enables runsc's ``--cuda-checkpoint-path`` route."""
     sandbox_cuda_checkpoint: str | None = None
     """``cuda-checkpoint`` as sandboxes see it: enables the exec route (``runsc exec``)."""
+    max_actors: int = DEFAULT_MAX_ACTORS
+    """Actors the worker API hosts at once (a Run or Restore beyond is RESOURCE_EXHAUSTED),
+    and the ``actors`` of the capacity report (``--max-actors``)."""
+    atelet_socket: Path | None = None
+    """atelet's worker-support socket the capacity report goes to when the worker API is
+    served (``--atelet-socket``, default upstream's); None: no report."""
+    credential_bundle: Path = _defaults.CREDENTIAL_BUNDLE
+    """The worker's Pod credential bundle, presented to atelet (``--atunnel-credential-bundle``)."""
+    trust_bundle: Path = _defaults.TRUST_BUNDLE
+    """The CA bundle atelet's certificate must chain to (``--atunnel-trust-bundle``)."""
+    atelet_spiffe_id: str = _defaults.ATELET_SPIFFE_ID
+    """The SPIFFE ID atelet must present (``--atunnel-broker-identity``)."""
+    capacity_dir: Path = _defaults.CAPACITY_DIR
+    """The downward-API files of the container's CPU and memory limits (``--capacity-dir``)."""

@@ -60,7 +60,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import TYPE_CHECKING, BinaryIO, Final
 
 import anyio
 import anyio.to_thread
@@ -79,6 +79,9 @@ from substrate_gpu.service import _socketfile, protocol, query, recovery, wiring
 from substrate_gpu.service import config as config_
 from substrate_gpu.service import health as health_
 from substrate_gpu.service.config import AgentConfig
+
+if TYPE_CHECKING:
+    from substrate_gpu.service import capacity_report
 
 log = structlog.get_logger(__name__)
 
@@ -602,6 +605,8 @@ class Running:
     """What ``/healthz`` and ``/readyz`` answer."""
     stop: anyio.Event = field(default_factory=anyio.Event)
     """Set to shut the agent down (as SIGTERM does)."""
+    registration: capacity_report.Registration | None = None
+    """The capacity report to atelet, once it is made (the worker API served)."""
 
 
 @dataclass(frozen=True)
@@ -762,7 +767,10 @@ async def _serve(
             from substrate_gpu.service import worker_api  # noqa: PLC0415
 
             worker = worker_api.WorkerService(
-                running.service, runsc=config.runsc, dev_root=config.dev_root
+                running.service,
+                runsc=config.runsc,
+                dev_root=config.dev_root,
+                max_actors=config.max_actors,
             )
             await doors.enter_async_context(
                 worker_api.serving(worker, config.worker_socket, _claim_socket_path)
@@ -773,6 +781,9 @@ async def _serve(
                 await intake.start(
                     serve_socket, running.service, config.socket, ClientLimits.of(config)
                 )
+            if worker is not None and config.atelet_socket is not None:
+                # Once the worker API serves: atelet may place an actor when it accepts.
+                intake.start_soon(_report_capacity, config, config.atelet_socket, running)
             if config.stdin:
                 intake.start_soon(
                     _stdin_then_maybe_stop,
@@ -800,6 +811,19 @@ async def _serve(
         log.info("agent stopping: draining effects", timeout=config.drain_timeout)
     log.info("agent stopped")
     return 0
+
+
+async def _report_capacity(config: AgentConfig, socket: Path, running: Running) -> None:
+    """Tell atelet what this worker hosts (in the background; it never stops serving)."""
+    from substrate_gpu.service import capacity_report  # noqa: PLC0415  (as worker_api)
+
+    metrics = running.service.metrics
+    running.registration = capacity_report.Registration(
+        on_change=metrics.atelet_registration if metrics is not None else None
+    )
+    await capacity_report.report(
+        capacity_report.ReportConfig.of(config, socket), running.registration
+    )
 
 
 async def _stdin_then_maybe_stop(

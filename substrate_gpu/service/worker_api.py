@@ -47,7 +47,7 @@ import grpc.aio
 import structlog
 from google.protobuf import message
 
-from substrate_gpu import exceptions
+from substrate_gpu import _defaults, exceptions
 from substrate_gpu.injection import devices
 from substrate_gpu.lifecycle import Agent, actors, errors, events, hooks
 from substrate_gpu.service import _socketfile, cgroup_stats, protocol, worker_requests
@@ -190,9 +190,11 @@ class WorkerService:
         runsc: str,
         dev_root: Path = Path("/"),
         cgroup_root: Path = cgroup_stats.CGROUP_ROOT,
+        max_actors: int = _defaults.MAX_ACTORS,
     ) -> None:
         """``dev_root``: where a GPU worker's device nodes are (each actor gets all GPUs);
-        ``cgroup_root``: where the sandboxes' cgroups are read."""
+        ``cgroup_root``: where the sandboxes' cgroups are read; ``max_actors``: the UIDs
+        hosted at once (``--max-actors``)."""
         self._service = service
         self._agent = service.agent
         self._runsc = RunscBinary(runsc)
@@ -200,6 +202,8 @@ class WorkerService:
         self._cgroup_root = cgroup_root
         self._cgroups: dict[str, str | None] = {}
         self._locks = _UidLocks()
+        self._max_actors = max_actors
+        self._admitting: set[str] = set()
         self.draining = False
         """Set on SIGTERM: lifecycle calls are answered UNAVAILABLE from then on."""
 
@@ -362,11 +366,28 @@ class WorkerService:
         """Under the UID's lock: a new activation registered and sized (Run and Restore)."""
         self._not_draining()  # SIGTERM may have come while this call waited for the lock
         self._not_executing(uid)
-        actor_id = await self._register(request, workload)
+        self._admit(uid)
+        try:
+            actor_id = await self._register(request, workload)
+        finally:
+            self._admitting.discard(uid)
         self._cgroups[actor_id] = worker_requests.apply_size(
             workload.bundle_dir, actor_id, request.cpu_milli, request.memory_bytes
         )
         return actor_id
+
+    def _admit(self, uid: str) -> None:
+        """Reserve the UID's slot, or refuse as upstream's worker does when it is full.
+
+        A slot is held from here until the activation is deleted; UIDs being admitted count
+        too, so concurrent Runs of different UIDs cannot overfill the worker."""
+        hosted = {self._uid_of(v) for v in self._agent.actors() if v.state != "deleted"}
+        hosted.discard("")
+        if len(hosted | self._admitting) >= self._max_actors:
+            raise CallError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"worker is full: {self._max_actors} actors"
+            )
+        self._admitting.add(uid)
 
     async def _register(
         self,

@@ -17,4 +17,6 @@ test suite and the benchmarks do.
   for the WorkerPool tests and the controller's local quick start (docs/api-guide.md).
 - :mod:`.sandboxes`: :class:`~.sandboxes.SimulatedSandboxes`, an in-process runsc and CUDA
   context probe for machines without runc.
+- :mod:`.atelet`: :class:`~.atelet.FakeAtelet`, atelet's worker-support service as a real
+  gRPC server over mutual TLS, for the agent's capacity report.
 """

@@ -157,6 +157,16 @@ def expected_deployment(created: dict[str, Any]) -> dict[str, Any]:
     return render_worker_deployment(load_pool(created), SETTINGS)
 
 
+def _without_default_mode(volume: dict[str, Any]) -> dict[str, Any]:
+    """A volume without the file mode the API server defaults projected files to (0644)."""
+    return {
+        key: {k: v for k, v in value.items() if (k, v) != ("defaultMode", 0o644)}
+        if key in ("downwardAPI", "projected") and isinstance(value, dict)
+        else value
+        for key, value in volume.items()
+    }
+
+
 def without_server_fields(deployment: dict[str, Any]) -> dict[str, Any]:
     """The parts of a stored Deployment the controller wrote (for comparison with the renderer)."""
     metadata = deployment["metadata"]
@@ -168,7 +178,7 @@ def without_server_fields(deployment: dict[str, Any]) -> dict[str, Any]:
         "selector": deployment["spec"]["selector"],
         "pod_labels": template["metadata"]["labels"],
         "node_selector": template["spec"].get("nodeSelector"),
-        "volumes": template["spec"].get("volumes"),
+        "volumes": [_without_default_mode(v) for v in template["spec"].get("volumes") or []],
         "image": container["image"],
         "resources": container.get("resources"),
         "mounts": container.get("volumeMounts"),

@@ -121,3 +121,26 @@ def test_a_gpu_worker_breaks_restricted_where_a_cpu_worker_does_plus_host_direct
     assert cpu
     assert set(gpu) == set(cpu) | {"restricted volume types"}, (cpu, gpu)
     assert 'type "hostPath"' in gpu["restricted volume types"]
+
+
+def test_the_api_server_keeps_the_identity_and_capacity_volumes(
+    admin: KubeClient, open_namespace: str
+) -> None:
+    """The pod certificate, its trust bundle and the capacity files the report to atelet
+    reads survive admission as written: an API server with those projections off would drop
+    them (a disabled feature's fields are dropped, not refused)."""
+    [pod] = worker_pods(GPU_POOL_FILE, open_namespace)
+    response = create_dry_run(admin, pod)
+    assert response.status in (200, 201), response.body
+    volumes = {v["name"]: v for v in response.body["spec"]["volumes"]}
+    sources = volumes["atunnel-identity"]["projected"]["sources"]
+    assert [sorted(s) for s in sources] == [["podCertificate"], ["clusterTrustBundle"]]
+    assert sources[0]["podCertificate"]["signerName"] == "podidentity.podcert.ate.dev/identity"
+    items = volumes["worker-capacity"]["downwardAPI"]["items"]
+    assert [
+        (i["path"], i["resourceFieldRef"]["resource"], i["resourceFieldRef"]["divisor"])
+        for i in items
+    ] == [
+        ("cpu_milli", "limits.cpu", "1m"),
+        ("memory_bytes", "limits.memory", "1"),
+    ]

@@ -191,7 +191,7 @@ def test_the_rendered_worker_pod_is_a_valid_kubernetes_pod(deployment: dict[str,
             "metadata": {"name": "w", **template["metadata"]},
             "spec": template["spec"],
         },
-        "1.30.0",
+        "1.34.0",  # the podCertificate projection (docs/worker-api.md)
         strict=True,
     )
 
@@ -278,3 +278,78 @@ def test_the_worker_api_is_served_where_atelet_dials_it(deployment: dict[str, An
     assert volume(deployment, mount["name"])["hostPath"]["path"] == "/var/lib/ate"
     on_host = str(settings.worker_socket).replace("$(SUBSTRATE_GPU_POD_UID)", "0" * 36)
     assert len(on_host.encode()) <= 107
+
+
+# --- what the capacity report to atelet needs (docs/worker-api.md) --------------------------
+
+
+def test_the_agent_reports_to_atelet_with_upstreams_defaults() -> None:
+    """The command line reports ``--max-actors`` 1000 to atelet's socket as atelet's
+    canonical identity expects: upstream's controller passes neither of those."""
+    conf = agent_config(gpu_container(render_worker_deployment(GPU_POOL, SETTINGS)))
+    assert conf.max_actors == 1000
+    assert conf.atelet_socket == Path("/var/lib/ate/worker-support.sock")
+    assert conf.atelet_spiffe_id == "spiffe://cluster.local/ns/ate-system/sa/atelet"
+
+
+def test_the_bundles_the_agent_reads_are_the_projected_pod_certificate() -> None:
+    """``--atunnel-credential-bundle`` and ``--atunnel-trust-bundle`` name the files of the
+    read-only projection of the pod's certificate and its signer's trust bundle."""
+    deployment = render_worker_deployment(GPU_POOL, SETTINGS)
+    container = gpu_container(deployment)
+    conf = agent_config(container)
+    for path in (conf.credential_bundle, conf.trust_bundle):
+        mount = mount_of(container, str(path))
+        assert mount["name"] == worker_agent.IDENTITY_VOLUME
+        assert mount["readOnly"] is True
+        assert path.parent == PurePosixPath(mount["mountPath"])
+    sources = volume(deployment, worker_agent.IDENTITY_VOLUME)["projected"]["sources"]
+    assert sources == [
+        {
+            "podCertificate": {
+                "signerName": "podidentity.podcert.ate.dev/identity",
+                "keyType": "ECDSAP256",
+                "credentialBundlePath": conf.credential_bundle.name,
+            }
+        },
+        {
+            "clusterTrustBundle": {
+                "signerName": "podidentity.podcert.ate.dev/identity",
+                "labelSelector": {"matchLabels": {"podcert.ate.dev/canarying": "live"}},
+                "path": conf.trust_bundle.name,
+            }
+        },
+    ]
+
+
+def test_the_capacity_files_are_the_agent_containers_own_limits() -> None:
+    """``--capacity-dir`` is a read-only downward-API volume of this container's limits, in
+    millicores (a fractional CPU is not rounded up to a core) and bytes."""
+    deployment = render_worker_deployment(GPU_POOL, SETTINGS)
+    container = gpu_container(deployment)
+    conf = agent_config(container)
+    mount = mount_of(container, str(conf.capacity_dir / "cpu_milli"))
+    assert (mount["name"], mount["mountPath"], mount["readOnly"]) == (
+        worker_agent.CAPACITY_VOLUME,
+        str(conf.capacity_dir),
+        True,
+    )
+    items = volume(deployment, worker_agent.CAPACITY_VOLUME)["downwardAPI"]["items"]
+    assert items == [
+        {
+            "path": "cpu_milli",
+            "resourceFieldRef": {
+                "containerName": container["name"],
+                "resource": "limits.cpu",
+                "divisor": "1m",
+            },
+        },
+        {
+            "path": "memory_bytes",
+            "resourceFieldRef": {
+                "containerName": container["name"],
+                "resource": "limits.memory",
+                "divisor": "1",
+            },
+        },
+    ]

@@ -1,4 +1,5 @@
-"""The worker API's descriptor as rows: what docs/worker-api.md's field table must list."""
+"""A .proto's descriptor as rows: what docs/worker-api.md's field tables must list (the worker
+API's by default; atelet's support service's too)."""
 
 from __future__ import annotations
 
@@ -32,25 +33,31 @@ def field_type(field: descriptor.FieldDescriptor) -> str:
     return base
 
 
-def field_rows() -> list[tuple[str, str, str, str]]:
+def field_rows(
+    file: descriptor.FileDescriptor = ateworker_pb2.DESCRIPTOR,
+) -> list[tuple[str, str, str, str]]:
     """``(message, field, number, type)`` for every field of every top-level message."""
     return [
         (message.name, field.name, str(field.number), field_type(field))
-        for message in ateworker_pb2.DESCRIPTOR.message_types_by_name.values()
+        for message in file.message_types_by_name.values()
         for field in message.fields
     ]
 
 
-def enum_rows() -> list[tuple[str, str, str]]:
+def enum_rows(
+    file: descriptor.FileDescriptor = ateworker_pb2.DESCRIPTOR,
+) -> list[tuple[str, str, str]]:
     """``(enum, value, number)`` for every enum value."""
     return [
         (enum.name, value.name, str(value.number))
-        for enum in ateworker_pb2.DESCRIPTOR.enum_types_by_name.values()
+        for enum in file.enum_types_by_name.values()
         for value in enum.values
     ]
 
 
-def method_rows() -> list[tuple[str, str, str]]:
-    """``(method, request, response)`` for every method of ``ateworker.Worker``."""
-    service = ateworker_pb2.DESCRIPTOR.services_by_name["Worker"]
+def method_rows(
+    file: descriptor.FileDescriptor = ateworker_pb2.DESCRIPTOR, service_name: str = "Worker"
+) -> list[tuple[str, str, str]]:
+    """``(method, request, response)`` for every method of the service (``ateworker.Worker``)."""
+    service = file.services_by_name[service_name]
     return [(m.name, m.input_type.name, m.output_type.name) for m in service.methods]
