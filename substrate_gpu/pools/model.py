@@ -21,8 +21,9 @@ Decisions recorded here because they change what a pool means:
   (``nvidia.com/gpu``, ``example.com/foo``) only with an equal limit, so for those the
   flat form implies ``limits = requests``; native resources (``cpu``, ``memory``) stay
   requests only, which is what the word "requests" promises.
-- A limit without a request is completed by Kubernetes (request = limit); we do the same
-  so the model always shows both.
+- A limit without a request is completed by Kubernetes (request = limit): the model keeps
+  ``requests`` as written (so ``dataclasses.replace(pool, limits=…)`` never leaves a stale
+  derived request behind) and :attr:`WorkerPool.effective_requests` shows the completed map.
 - ``maxWorkers`` sizes the worker Deployment exactly like ``replicas``.
 - Setting a flat field *and* its upstream counterpart is an error, not a merge.
 - ``workerImage`` is the worker image; ``ateomImage`` (upstream's former name) means the
@@ -303,8 +304,14 @@ class WorkerPool:
             value = getattr(self, name)
             if not isinstance(value, MappingProxyType):
                 object.__setattr__(self, name, MappingProxyType(dict(value)))
+
         for name in ("tolerations", "image_pull_secrets"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    @property
+    def effective_requests(self) -> Mapping[str, str]:
+        """The requests Kubernetes applies: those written, and each limit without one."""
+        return MappingProxyType({**self.limits, **self.requests})
 
     @property
     def gpu_count(self) -> int:
@@ -410,8 +417,6 @@ def pool_from_document(doc: Mapping[str, object]) -> WorkerPool:
     else:
         requests = _quantities(resources.get("requests"))
         limits = _quantities(resources.get("limits"))
-        # Kubernetes defaults a missing request to the limit; show it explicitly.
-        requests |= {k: v for k, v in limits.items() if k not in requests}
 
     sharing_raw = _mapping(spec.get("gpuSharing"))
     strategy = sharing_raw.get("strategy", "exclusive")

@@ -87,7 +87,8 @@ def test_limit_only_gets_its_request() -> None:
     p = load_pool(
         pool({"replicas": 1, "template": {"resources": {"limits": {"nvidia.com/gpu": 4}}}})
     )
-    assert (dict(p.requests), p.gpu_count) == ({"nvidia.com/gpu": "4"}, 4)
+    assert (dict(p.effective_requests), p.gpu_count) == ({"nvidia.com/gpu": "4"}, 4)
+    assert dict(p.requests) == {}  # as written: replacing the limit leaves no stale request
 
 
 def test_upstream_fields_are_carried() -> None:
