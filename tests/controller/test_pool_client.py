@@ -1,6 +1,6 @@
 """The Python WorkerPool client's pure parts: stored pools read, API errors worded.
 
-The calls themselves run against a real API server in tests/kube/test_pool_client.py.
+The calls themselves run against a real API server in tests/kube/test_pool_client_on_apiserver.py.
 """
 
 from __future__ import annotations
