@@ -34,8 +34,11 @@ DRIVER_ROOT: Final = Path("/usr/local/nvidia")
 TOOLKIT_HOST_PATH_ENV: Final = "ATE_NVIDIA_TOOLKIT_HOST_PATH"
 """Controller setting: the host path of the NVIDIA toolkit mounted into workers."""
 
-WORKER_IMAGE_ENV: Final = "ATE_DEFAULT_ATEOM_IMAGE"
-"""Controller setting: the worker image for pools without ``spec.ateomImage``."""
+WORKER_IMAGE_ENV: Final = "ATE_DEFAULT_WORKER_IMAGE"
+"""Controller setting: the worker image for pools without ``spec.workerImage``."""
+
+LEGACY_WORKER_IMAGE_ENV: Final = "ATE_DEFAULT_ATEOM_IMAGE"
+"""The former name of ``ATE_DEFAULT_WORKER_IMAGE`` (``spec.ateomImage``'s era), still read."""
 
 MAX_SPEC_BYTES: Final = 16 * 1024 * 1024
 """The largest CDI spec file read (``--max-spec-bytes``); a generated spec is ~30 KiB."""

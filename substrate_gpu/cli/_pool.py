@@ -5,8 +5,9 @@ Exit codes (see ``docs/api-guide.md``, "Exit codes"):
 - ``pool validate``: 0 when every document is valid (warnings alone keep 0); 3 when any
   document has an error or any file is not YAML (every file is still checked); 1 when a
   file cannot be read at all (missing, not UTF-8), which wins over 3;
-- ``pool validate`` warns (exit 0) about a pool without ``spec.ateomImage`` when no default
-  image is configured: ``pool render`` would refuse it;
+- ``pool validate`` warns (exit 0) about a pool that no image reaches (no
+  ``spec.workerImage``, none configured, and no built-in default for it): ``pool render``
+  would refuse it;
 - ``pool render FILE…``: 0 with every file's Deployments on stdout, in order; 3 when a pool
   is invalid or a file is not YAML; 1 when a file cannot be read or a pool cannot be
   rendered (no worker image), which wins over 3; every file is checked and every problem
@@ -14,7 +15,9 @@ Exit codes (see ``docs/api-guide.md``, "Exit codes"):
 - ``pool crd`` and ``pool deploy-files``: 0, or 1 on failure.
 
 The controller's environment (``ATE_NVIDIA_TOOLKIT_HOST_PATH``, ``ATE_NVIDIA_DRIVER_ROOT``,
-``ATE_DEFAULT_ATEOM_IMAGE``) is read here, at the edge, and passed down as settings.
+``ATE_DEFAULT_WORKER_IMAGE``) is read here, at the edge, and passed down as settings; with
+none of it set and no flag, ``pool render`` of ``deploy/examples/X.yaml`` prints
+``deploy/rendered/X.yaml``.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "one YAML stream; nothing is printed unless every pool renders.",
     )
     render.add_argument("files", nargs="+", type=Path, metavar="FILE")
-    _image_flag(render, "worker image for pools without spec.ateomImage")
+    _image_flag(render, "worker image for pools without spec.workerImage")
     render.set_defaults(handler=_render)
 
     crd_cmd = commands.add_parser("crd", help="print the WorkerPool CustomResourceDefinition")
@@ -72,7 +75,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _image_flag(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--ateom-image", help=f"{what} (default: ${_defaults.WORKER_IMAGE_ENV})")
+    # --ateom-image: the flag's name before upstream renamed ateomImage to workerImage.
+    parser.add_argument(
+        "--worker-image",
+        "--ateom-image",
+        dest="worker_image",
+        metavar="IMAGE",
+        help=f"{what} (default: ${_defaults.WORKER_IMAGE_ENV}, else the built-in default of "
+        "GPU gVisor pools)",
+    )
 
 
 @dataclasses.dataclass
@@ -103,7 +114,7 @@ def _check_files(
     and warn about pools that render cannot give an image (``render`` reports that as
     its error, and its stdout is YAML only).
     """
-    from substrate_gpu.pools import manifests, validation  # noqa: PLC0415
+    from substrate_gpu.pools import manifests, shaping, validation  # noqa: PLC0415
 
     outcome = _Outcome()
     for path in files:
@@ -123,7 +134,7 @@ def _check_files(
             warnings = [str(problem) for problem in report.warnings]
             if report.ok:
                 pool = validation.load_pool(doc.content, source=doc.source)
-                if validating and not (pool.ateom_image or settings.default_image):
+                if validating and shaping.worker_image(pool, settings) is None:
                     warnings.append(_NO_IMAGE)
                 outcome.pools.append((doc.source, pool))
             for problem in report.errors:
@@ -138,13 +149,14 @@ def _check_files(
 
 
 _NO_IMAGE = (
-    "spec.ateomImage: not set, and no default worker image is configured "
-    f"(${_defaults.WORKER_IMAGE_ENV} or --ateom-image): pool render will refuse this pool"
+    "spec.workerImage: not set, no default worker image is configured "
+    f"(${_defaults.WORKER_IMAGE_ENV} or --worker-image), and only GPU pools on gVisor have a "
+    "built-in one: pool render will refuse this pool"
 )
 
 
 def _validate(args: argparse.Namespace) -> int:
-    outcome = _check_files(args.files, _settings(os.environ, args.ateom_image), validating=True)
+    outcome = _check_files(args.files, _settings(os.environ, args.worker_image), validating=True)
     # An unread file holds an unknown number of documents: "0 document(s), 0 error(s)"
     # alone would read as a clean pass.
     unread = f"; {outcome.unreadable} file(s) could not be read" if outcome.unreadable else ""
@@ -168,7 +180,7 @@ def _settings(env: Mapping[str, str], image: str | None) -> shaping.ControllerSe
 def _render(args: argparse.Namespace) -> int:
     from substrate_gpu.pools import manifests, shaping  # noqa: PLC0415
 
-    settings = _settings(os.environ, args.ateom_image)
+    settings = _settings(os.environ, args.worker_image)
     outcome = _check_files(args.files, settings, validating=False)
     if outcome.exit_code != EXIT_OK:
         return outcome.exit_code
@@ -180,7 +192,7 @@ def _render(args: argparse.Namespace) -> int:
         except shaping.MissingWorkerImageError as e:
             # The controller's words; here the flag is the quickest way out.
             print(
-                f"{source}: error: {_errors.describe(e)} (or give --ateom-image IMAGE)",
+                f"{source}: error: {_errors.describe(e)} (or give --worker-image IMAGE)",
                 file=sys.stderr,
             )
             failed = True

@@ -66,15 +66,21 @@ def _kubeconfig_paths(environ: Mapping[str, str]) -> list[Path]:
     return paths or [Path("~/.kube/config").expanduser()]
 
 
-async def load_credentials(environ: Mapping[str, str]) -> Source:
-    """Configure kubernetes_asyncio's default client as kopf will (or :class:`CredentialsError`)."""
+async def load_credentials(
+    environ: Mapping[str, str], *, configuration: client.Configuration | None = None
+) -> Source:
+    """Configure kubernetes_asyncio's default client as kopf will (or :class:`CredentialsError`).
+
+    With ``configuration``, that one is configured instead and the default is left alone
+    (the Python client's way: :mod:`.pool_client`).
+    """
     if environ.get("KUBERNETES_SERVICE_HOST"):
         doing = "while loading the in-cluster service account credentials"
         try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]  # untyped upstream
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]  # untyped upstream
         except (config.ConfigException, OSError) as e:
             raise CredentialsError(f"{doing}: {e}") from e
-        return Source("the in-cluster service account", _server())
+        return Source("the in-cluster service account", _server(configuration))
     paths = _kubeconfig_paths(environ)
     # kubectl skips the missing files of a KUBECONFIG list; one must be there.
     path = next((p for p in paths if p.exists()), paths[-1])
@@ -89,10 +95,10 @@ async def load_credentials(environ: Mapping[str, str]) -> Source:
     if not isinstance(document, Mapping):
         raise CredentialsError(f"{doing}: it is not a kubeconfig (a YAML mapping)")
     try:
-        await config.load_kube_config(config_file=str(path))
+        await config.load_kube_config(config_file=str(path), client_configuration=configuration)
     except (config.ConfigException, KeyError, TypeError, ValueError, OSError) as e:
         raise CredentialsError(f"{doing}: {type(e).__name__}: {e}") from e
-    return Source(f"the kubeconfig {path}", _server())
+    return Source(f"the kubeconfig {path}", _server(configuration))
 
 
 async def ensure_access(
@@ -158,8 +164,8 @@ async def ensure_access(
         await asyncio.sleep(delay)
 
 
-def _server() -> str:
-    return str(client.Configuration.get_default_copy().host)
+def _server(configuration: client.Configuration | None = None) -> str:
+    return str((configuration or client.Configuration.get_default_copy()).host)
 
 
 def _refused(source: Source, e: client.ApiException) -> str:

@@ -60,9 +60,9 @@ class ControllerOptions:
     retry_delay: float = 5.0
     """Seconds before a failed reconcile (API server away, 5xx, 409) is tried again."""
     liveness_endpoint: str | None = None
+    """kopf's health endpoint, e.g. ``http://0.0.0.0:8080/healthz``; ``None`` for none."""
     refusal_grace: float = credentials.REFUSAL_GRACE_S
     """Seconds a 401 or 403 at start may last before the controller gives up (exit 1)."""
-    """kopf's health endpoint, e.g. ``http://0.0.0.0:8080/healthz``; ``None`` for none."""
 
 
 def operator_settings(options: ControllerOptions) -> kopf.OperatorSettings:
@@ -162,6 +162,8 @@ def log_reconciled(pool: str, cause: str, outcome: reconcile.Plan) -> None:
         deployment=metadata["name"],
         replicas=outcome.replicas,
     )
+    for warning in outcome.warnings:
+        _log.warning("workerpool warning", pool=pool, warning=warning)
 
 
 def _conditions(raw: object) -> Sequence[Mapping[str, object]]:

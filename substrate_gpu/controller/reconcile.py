@@ -10,8 +10,12 @@ Two kinds of rejection reach the controller although the CRD's CEL rules exist:
 - ``InvalidSpec``: the pool fails the Python validator. The API server refuses such pools
   at admission when our CRD is installed; the controller checks again because an older
   CRD (or a pool stored before a rule existed) can still hold one.
-- ``NoWorkerImage``: the pool is valid but names no ``spec.ateomImage`` and the
-  controller has no ``ATE_DEFAULT_ATEOM_IMAGE``: nothing to run, so nothing is rendered.
+- ``NoWorkerImage``: the pool is valid but names no ``spec.workerImage``, the controller
+  has no ``ATE_DEFAULT_WORKER_IMAGE``, and the pool is not one with a built-in default (a
+  GPU pool on gVisor): nothing to run, so nothing is rendered.
+
+The validator's warnings (a deprecated ``ateomImage``, a distroless GPU image) do not stop
+a pool: they are appended to its ``Ready`` message, where ``kubectl get -o yaml`` shows them.
 
 A third, ``DeploymentRefused``, is set by the controller when the API server refuses the
 rendered Deployment itself (a 4xx other than a conflict): retrying would not help.
@@ -57,6 +61,8 @@ class Apply:
     """The worker Deployment, owner reference included."""
     replicas: int
     """Workers the Deployment asks for."""
+    warnings: tuple[str, ...] = ()
+    """The validator's warnings about the pool (``PATH: MESSAGE``), for its status."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,7 @@ def plan(body: Mapping[str, object], settings: shaping.ControllerSettings) -> Pl
         return Reject("NoWorkerImage", str(e))
     metadata = _mapping(deployment["metadata"])
     deployment["metadata"] = {**metadata, "ownerReferences": [owner_reference(body)]}
-    return Apply(deployment, pool.replicas)
+    return Apply(deployment, pool.replicas, tuple(str(w) for w in report.warnings))
 
 
 def pool_status(
@@ -121,7 +127,10 @@ def pool_status(
     when the pool became Ready or Rejected, not when it was last looked at.
     """
     if isinstance(outcome, Apply):
-        ready = _condition(READY, "True", "Reconciled", "the worker Deployment is up to date")
+        message = "the worker Deployment is up to date"
+        if outcome.warnings:
+            message += "; warning: " + "; warning: ".join(outcome.warnings)
+        ready = _condition(READY, "True", "Reconciled", message)
         rejected = _condition(REJECTED, "False", "Accepted", "the pool is valid and renderable")
     else:
         ready = _condition(READY, "False", outcome.reason, outcome.message)

@@ -2,7 +2,8 @@
 
 Module map:
 
-- :mod:`.model`: the frozen :class:`WorkerPool` and how both YAML forms normalise into it;
+- :mod:`.model`: the frozen :class:`WorkerPool` and how both YAML forms normalise into it
+  (and back: :meth:`WorkerPool.to_document`, for pools built in Python);
 - :mod:`.schema`: the structural field tree (shared by the validator and the CRD);
 - :mod:`.validation` and :mod:`.problems`: every problem in one pass, with field paths;
 - :mod:`.rules`: the CRD's CEL rules, the API server's copy of the validator;
@@ -28,6 +29,10 @@ from substrate_gpu.pools.model import (
     POOL_LABEL,
     UPSTREAM_POOL_LABEL,
     GpuSharing,
+    NodeAffinity,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    PreferredSchedulingTerm,
     Toleration,
     WorkerPool,
 )
@@ -48,9 +53,13 @@ __all__ = [
     "Code",
     "ControllerSettings",
     "GpuSharing",
+    "NodeAffinity",
+    "NodeSelectorRequirement",
+    "NodeSelectorTerm",
     "PoolDocument",
     "PoolFileError",
     "PoolValidationError",
+    "PreferredSchedulingTerm",
     "Problem",
     "Toleration",
     "ValidationReport",

@@ -44,6 +44,48 @@ class ResourcesBody(TypedDict, total=False):
     limits: dict[str, Quantity]
 
 
+class NodeSelectorRequirementBody(TypedDict, total=False):
+    """A core/v1 NodeSelectorRequirement."""
+
+    key: str
+    operator: str
+    """``In``, ``NotIn``, ``Exists``, ``DoesNotExist``, ``Gt``, ``Lt``."""
+    values: list[str]
+
+
+class NodeSelectorTermBody(TypedDict, total=False):
+    """A core/v1 NodeSelectorTerm."""
+
+    matchExpressions: list[NodeSelectorRequirementBody]
+    matchFields: list[NodeSelectorRequirementBody]
+
+
+class NodeSelectorBody(TypedDict, total=False):
+    """A core/v1 NodeSelector (the required part of a node affinity)."""
+
+    nodeSelectorTerms: list[NodeSelectorTermBody]
+
+
+class PreferredSchedulingTermBody(TypedDict, total=False):
+    """A core/v1 PreferredSchedulingTerm."""
+
+    weight: int
+    preference: NodeSelectorTermBody
+
+
+class NodeAffinityBody(TypedDict, total=False):
+    """``spec.template.nodeAffinity``: a core/v1 NodeAffinity."""
+
+    requiredDuringSchedulingIgnoredDuringExecution: NodeSelectorBody
+    preferredDuringSchedulingIgnoredDuringExecution: list[PreferredSchedulingTermBody]
+
+
+class LocalObjectReferenceBody(TypedDict, total=False):
+    """``spec.template.imagePullSecrets[]``: a Secret in the pool's namespace."""
+
+    name: str
+
+
 class TemplateBody(TypedDict, total=False):
     """``spec.template`` (upstream form): the worker pods' metadata and scheduling."""
 
@@ -52,7 +94,9 @@ class TemplateBody(TypedDict, total=False):
     nodeSelector: dict[str, str]
     tolerations: list[TolerationBody]
     priorityClassName: str
+    nodeAffinity: NodeAffinityBody
     resources: ResourcesBody
+    imagePullSecrets: list[LocalObjectReferenceBody]
 
 
 class GpuSharingBody(TypedDict, total=False):
@@ -78,7 +122,9 @@ class WorkerPoolSpecBody(TypedDict, total=False):
     gpuSharing: GpuSharingBody
     sandboxClass: str
     """``gvisor`` (default) or ``microvm``."""
+    workerImage: str
     ateomImage: str
+    """Deprecated: upstream's former name of ``workerImage``."""
     sandboxConfigName: str
     maxActorsPerWorker: int
     template: TemplateBody

@@ -50,6 +50,8 @@ def to_openapi(shape: schema.SchemaField) -> dict[str, object]:
             maxItems=shape.max_items,
             **{"x-kubernetes-list-type": "atomic"},
         )
+        if shape.min_items:
+            out["minItems"] = shape.min_items
     else:
         out["type"] = "object"
         out["properties"] = {name: to_openapi(sub) for name, sub in shape.properties.items()}

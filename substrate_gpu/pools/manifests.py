@@ -39,16 +39,13 @@ AGENT_NAMESPACE = "substrate-system"
 """The controller's namespace (created by ``deploy/controller.yaml``)."""
 
 CONTROLLER_NAME = "substrate-gpu-controller"
-CONTROLLER_IMAGE = "substrate-gpu:0.1.0"
-"""Placeholder image of the controller: this repository's Dockerfile (entrypoint
-``substrate-gpu``); replace it with your build (see docs)."""
 CONTROLLER_HEALTH_PORT = 8080
 
-EXAMPLE_SETTINGS = shaping.ControllerSettings(
-    driver_root="/usr/local/nvidia", default_image="ateom:latest"
-)
-"""Controller settings of the checked-in renderings (``deploy/rendered``): the image
-stands in for your ateom build, as ``ATE_DEFAULT_ATEOM_IMAGE`` would."""
+EXAMPLE_SETTINGS = shaping.ControllerSettings()
+"""Controller settings of the checked-in manifests: the defaults, an empty environment. So
+``deploy/rendered/X.yaml`` is what ``substrate-gpu pool render deploy/examples/X.yaml``
+prints in a plain shell (no ``ATE_*`` variable set, no flag), and ``deploy/controller.yaml``
+sets no worker image: GPU pools get the built-in ``substrate-gpu:<version>``."""
 
 
 class PoolFileError(ConfigError):
@@ -182,6 +179,18 @@ def _controller_rules() -> list[dict[str, object]]:
     ]
 
 
+def controller_image() -> str:
+    """The controller's image: this project's, ``substrate-gpu:<version>`` (the Dockerfile's
+    default target, entrypoint ``substrate-gpu``), as GPU workers' by default."""
+    image = shaping.agent_image()
+    if image is None:
+        raise ConfigError(
+            "while rendering the controller's manifests: the substrate-gpu package is not "
+            "installed, so its version (the image tag) is unknown; pip install it first"
+        )
+    return image
+
+
 def controller_manifests(settings: shaping.ControllerSettings) -> list[dict[str, object]]:
     """The controller: its Namespace, ServiceAccount, ClusterRole and binding, and Deployment.
 
@@ -239,7 +248,7 @@ def controller_manifests(settings: shaping.ControllerSettings) -> list[dict[str,
                         "containers": [
                             {
                                 "name": "controller",
-                                "image": CONTROLLER_IMAGE,
+                                "image": controller_image(),
                                 "args": [
                                     "--log-level",
                                     "INFO",

@@ -9,7 +9,8 @@ user's flat form              upstream form
 ``spec.resourceRequests``     ``spec.template.resources.{requests,limits}``
 ``spec.nodeSelector``         ``spec.template.nodeSelector``
 ``spec.annotations``          ``spec.template.annotations``
-(not in the flat form)        ``spec.template.{labels,tolerations,priorityClassName}``
+(not in the flat form)        ``spec.template.{labels,tolerations,priorityClassName,
+                              nodeAffinity,imagePullSecrets}``
 ``spec.runtimeClassName``     (upstream derives it; carried as given)
 ``spec.gpuSharing``           (not upstream; ours)
 ============================  ============================================
@@ -20,13 +21,19 @@ Decisions recorded here because they change what a pool means:
   (``nvidia.com/gpu``, ``example.com/foo``) only with an equal limit, so for those the
   flat form implies ``limits = requests``; native resources (``cpu``, ``memory``) stay
   requests only, which is what the word "requests" promises.
-- A limit without a request is completed by Kubernetes (request = limit); we do the same
-  so the model always shows both.
+- A limit without a request is completed by Kubernetes (request = limit): the model keeps
+  ``requests`` as written (so ``dataclasses.replace(pool, limits=…)`` never leaves a stale
+  derived request behind) and :attr:`WorkerPool.effective_requests` shows the completed map.
 - ``maxWorkers`` sizes the worker Deployment exactly like ``replicas``.
 - Setting a flat field *and* its upstream counterpart is an error, not a merge.
+- ``workerImage`` is the worker image; ``ateomImage`` (upstream's former name) means the
+  same and is read when ``workerImage`` is absent.
 
-The model is built only from a document that passed :func:`~.validation.validate_document`;
-:func:`~.validation.load_pool` is the public way in.
+From a document, the model is built only once it passed
+:func:`~.validation.validate_document` (:func:`~.validation.load_pool` is the public way
+in). Built in Python, a pool is checked the same way when it is sent:
+:meth:`WorkerPool.to_document` is its upstream-form document, the one the validator and the
+API server judge (``tests/pools`` hold ``pool_from_document(p.to_document()) == p``).
 """
 
 from __future__ import annotations
@@ -50,6 +57,10 @@ __all__ = [
     "UPSTREAM_POOL_LABEL",
     "GpuResourceSupport",
     "GpuSharing",
+    "NodeAffinity",
+    "NodeSelectorRequirement",
+    "NodeSelectorTerm",
+    "PreferredSchedulingTerm",
     "SandboxClass",
     "SharingStrategy",
     "Toleration",
@@ -170,6 +181,77 @@ class GpuSharing:
     """Physical GPUs available to the pool, when the user told us (oversubscription check)."""
 
 
+@dataclass(frozen=True)
+class NodeSelectorRequirement:
+    """One requirement on a node's labels or fields (core/v1 NodeSelectorRequirement)."""
+
+    key: str
+    """The label key (in ``match_fields``: the field, e.g. ``metadata.name``)."""
+    operator: str
+    """``In``, ``NotIn``, ``Exists``, ``DoesNotExist``, ``Gt`` or ``Lt``."""
+    values: tuple[str, ...] = ()
+    """One or more for In/NotIn, one integer for Gt/Lt, none for Exists/DoesNotExist."""
+
+    def to_dict(self) -> bodies.NodeSelectorRequirementBody:
+        """The Kubernetes JSON form."""
+        raw: dict[str, object] = {"key": self.key, "operator": self.operator}
+        if self.values:
+            raw["values"] = list(self.values)
+        return cast("bodies.NodeSelectorRequirementBody", raw)
+
+
+@dataclass(frozen=True)
+class NodeSelectorTerm:
+    """Requirements that must all hold (core/v1 NodeSelectorTerm)."""
+
+    match_expressions: tuple[NodeSelectorRequirement, ...] = ()
+    """On node labels."""
+    match_fields: tuple[NodeSelectorRequirement, ...] = ()
+    """On node fields."""
+
+    def to_dict(self) -> bodies.NodeSelectorTermBody:
+        """The Kubernetes JSON form, without empty lists."""
+        raw: dict[str, object] = {}
+        if self.match_expressions:
+            raw["matchExpressions"] = [r.to_dict() for r in self.match_expressions]
+        if self.match_fields:
+            raw["matchFields"] = [r.to_dict() for r in self.match_fields]
+        return cast("bodies.NodeSelectorTermBody", raw)
+
+
+@dataclass(frozen=True)
+class PreferredSchedulingTerm:
+    """A term the scheduler prefers, with its weight (core/v1 PreferredSchedulingTerm)."""
+
+    weight: int
+    """1..100."""
+    preference: NodeSelectorTerm
+
+
+@dataclass(frozen=True)
+class NodeAffinity:
+    """Where worker pods may (and prefer to) run (core/v1 NodeAffinity)."""
+
+    required: tuple[NodeSelectorTerm, ...] | None = None
+    """``requiredDuringSchedulingIgnoredDuringExecution``: a node must match one term;
+    ``None`` for no requirement."""
+    preferred: tuple[PreferredSchedulingTerm, ...] = ()
+    """``preferredDuringSchedulingIgnoredDuringExecution``."""
+
+    def to_dict(self) -> bodies.NodeAffinityBody:
+        """The Kubernetes JSON form (``spec.affinity.nodeAffinity`` of a pod)."""
+        raw: dict[str, object] = {}
+        if self.required is not None:
+            raw["requiredDuringSchedulingIgnoredDuringExecution"] = {
+                "nodeSelectorTerms": [t.to_dict() for t in self.required]
+            }
+        if self.preferred:
+            raw["preferredDuringSchedulingIgnoredDuringExecution"] = [
+                {"weight": p.weight, "preference": p.preference.to_dict()} for p in self.preferred
+            ]
+        return cast("bodies.NodeAffinityBody", raw)
+
+
 def _frozen(mapping: Mapping[str, str]) -> Mapping[str, str]:
     return MappingProxyType(dict(mapping))
 
@@ -186,8 +268,8 @@ class WorkerPool:
     """Worker pods to run (``spec.replicas`` or ``spec.maxWorkers``)."""
     sandbox_class: SandboxClass = DEFAULT_SANDBOX_CLASS
     """Sandbox runtime family; only ``gvisor`` supports GPUs (nvproxy)."""
-    ateom_image: str | None = None
-    """Worker runtime image; ``None`` means the controller's default."""
+    worker_image: str | None = None
+    """Worker runtime image (``spec.workerImage``); ``None`` means the controller's default."""
     runtime_class_name: str | None = None
     """RuntimeClass of the worker pods (e.g. ``nvidia``)."""
     node_selector: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
@@ -200,6 +282,10 @@ class WorkerPool:
     """Annotations of the worker pods (e.g. ``k8s.v1.cni.cncf.io/networks: gpu-net``)."""
     priority_class_name: str | None = None
     """PriorityClass of the worker pods."""
+    node_affinity: NodeAffinity | None = None
+    """Node affinity of the worker pods."""
+    image_pull_secrets: tuple[str, ...] = ()
+    """Names of Secrets in the pool's namespace to pull the worker image with."""
     requests: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
     """Resource requests of the worker runtime container, as Kubernetes quantity strings."""
     limits: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
@@ -211,6 +297,22 @@ class WorkerPool:
     max_actors_per_worker: int = 1
     """Upstream: actors one worker may host at once (carried, not rendered)."""
 
+    def __post_init__(self) -> None:
+        # Built in Python, a pool may be given plain dicts and lists: freeze them, so a
+        # WorkerPool never changes after it is made, whichever way it was made.
+        for name in ("node_selector", "labels", "annotations", "requests", "limits"):
+            value = getattr(self, name)
+            if not isinstance(value, MappingProxyType):
+                object.__setattr__(self, name, MappingProxyType(dict(value)))
+
+        for name in ("tolerations", "image_pull_secrets"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    @property
+    def effective_requests(self) -> Mapping[str, str]:
+        """The requests Kubernetes applies: those written, and each limit without one."""
+        return MappingProxyType({**self.limits, **self.requests})
+
     @property
     def gpu_count(self) -> int:
         """NVIDIA GPUs per worker (0 for a CPU pool)."""
@@ -220,6 +322,62 @@ class WorkerPool:
     def is_gpu_pool(self) -> bool:
         """Whether workers get NVIDIA GPUs."""
         return self.gpu_count > 0
+
+    def to_document(self) -> bodies.WorkerPoolBody:
+        """The pool as a WorkerPool document, in the upstream form (every field expressible).
+
+        What :func:`~.validation.validate_document` and the API server judge when a pool
+        built in Python is sent; unset fields and defaults are left out.
+        """
+        template: dict[str, object] = {}
+        if self.labels:
+            template["labels"] = dict(self.labels)
+        if self.annotations:
+            template["annotations"] = dict(self.annotations)
+        if self.node_selector:
+            template["nodeSelector"] = dict(self.node_selector)
+        if self.tolerations:
+            template["tolerations"] = [t.to_dict() for t in self.tolerations]
+        if self.priority_class_name is not None:
+            template["priorityClassName"] = self.priority_class_name
+        if self.node_affinity is not None:
+            template["nodeAffinity"] = self.node_affinity.to_dict()
+        resources = {
+            kind: dict(values)
+            for kind, values in (("requests", self.requests), ("limits", self.limits))
+            if values
+        }
+        if resources:
+            template["resources"] = resources
+        if self.image_pull_secrets:
+            template["imagePullSecrets"] = [{"name": n} for n in self.image_pull_secrets]
+        spec: dict[str, object] = {"replicas": self.replicas, "sandboxClass": self.sandbox_class}
+        if self.worker_image is not None:
+            spec["workerImage"] = self.worker_image
+        if self.runtime_class_name is not None:
+            spec["runtimeClassName"] = self.runtime_class_name
+        if self.sandbox_config_name is not None:
+            spec["sandboxConfigName"] = self.sandbox_config_name
+        if self.max_actors_per_worker != 1:
+            spec["maxActorsPerWorker"] = self.max_actors_per_worker
+        if self.gpu_sharing != GpuSharing():
+            sharing: dict[str, object] = {"strategy": self.gpu_sharing.strategy}
+            if self.gpu_sharing.clients_per_gpu is not None:
+                sharing["clientsPerGpu"] = self.gpu_sharing.clients_per_gpu
+            if self.gpu_sharing.gpu_capacity is not None:
+                sharing["gpuCapacity"] = self.gpu_sharing.gpu_capacity
+            spec["gpuSharing"] = sharing
+        if template:
+            spec["template"] = template
+        return cast(
+            "bodies.WorkerPoolBody",
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": spec,
+            },
+        )
 
 
 def _quantities(raw: object) -> dict[str, str]:
@@ -259,8 +417,6 @@ def pool_from_document(doc: Mapping[str, object]) -> WorkerPool:
     else:
         requests = _quantities(resources.get("requests"))
         limits = _quantities(resources.get("limits"))
-        # Kubernetes defaults a missing request to the limit; show it explicitly.
-        requests |= {k: v for k, v in limits.items() if k not in requests}
 
     sharing_raw = _mapping(spec.get("gpuSharing"))
     strategy = sharing_raw.get("strategy", "exclusive")
@@ -279,6 +435,32 @@ def pool_from_document(doc: Mapping[str, object]) -> WorkerPool:
         )
         for t in (_mapping(item) for item in _list(template.get("tolerations")))
     )
+    affinity = _mapping(template.get("nodeAffinity"))
+    node_affinity = (
+        NodeAffinity(
+            required=(
+                tuple(
+                    _term(t)
+                    for t in _list(
+                        _mapping(affinity["requiredDuringSchedulingIgnoredDuringExecution"]).get(
+                            "nodeSelectorTerms"
+                        )
+                    )
+                )
+                if "requiredDuringSchedulingIgnoredDuringExecution" in affinity
+                else None
+            ),
+            preferred=tuple(
+                PreferredSchedulingTerm(
+                    weight=_opt_int(_mapping(p).get("weight")) or 0,
+                    preference=_term(_mapping(p).get("preference")),
+                )
+                for p in _list(affinity.get("preferredDuringSchedulingIgnoredDuringExecution"))
+            ),
+        )
+        if "nodeAffinity" in template
+        else None
+    )
     replicas = _opt_int(spec.get("maxWorkers"))
     if replicas is None:
         replicas = _opt_int(spec.get("replicas")) or 0
@@ -288,13 +470,21 @@ def pool_from_document(doc: Mapping[str, object]) -> WorkerPool:
         namespace=_opt_str(metadata.get("namespace")) or "default",
         replicas=replicas,
         sandbox_class=sandbox_class,
-        ateom_image=_opt_str(spec.get("ateomImage")),
+        worker_image=_opt_str(spec.get("workerImage", spec.get("ateomImage"))),
         runtime_class_name=_opt_str(spec.get("runtimeClassName")),
         node_selector=_frozen(_strings(spec.get("nodeSelector", template.get("nodeSelector")))),
         tolerations=tolerations,
         labels=_frozen(_strings(template.get("labels"))),
         annotations=_frozen(_strings(spec.get("annotations", template.get("annotations")))),
         priority_class_name=_opt_str(template.get("priorityClassName")),
+        node_affinity=node_affinity,
+        image_pull_secrets=tuple(
+            name
+            for name in (
+                _opt_str(_mapping(s).get("name")) for s in _list(template.get("imagePullSecrets"))
+            )
+            if name is not None
+        ),
         requests=_frozen(requests),
         limits=_frozen(limits),
         gpu_sharing=sharing,
@@ -305,3 +495,22 @@ def pool_from_document(doc: Mapping[str, object]) -> WorkerPool:
 
 def _list(raw: object) -> list[object]:
     return list(raw) if isinstance(raw, list) else []
+
+
+def _requirements(raw: object) -> tuple[NodeSelectorRequirement, ...]:
+    return tuple(
+        NodeSelectorRequirement(
+            key=_opt_str(r.get("key")) or "",
+            operator=_opt_str(r.get("operator")) or "",
+            values=tuple(v for v in _list(r.get("values")) if isinstance(v, str)),
+        )
+        for r in (_mapping(item) for item in _list(raw))
+    )
+
+
+def _term(raw: object) -> NodeSelectorTerm:
+    term = _mapping(raw)
+    return NodeSelectorTerm(
+        match_expressions=_requirements(term.get("matchExpressions")),
+        match_fields=_requirements(term.get("matchFields")),
+    )

@@ -15,6 +15,7 @@ from substrate_gpu import exceptions
 __all__ = [
     "APISERVER_CODES",
     "STRUCTURAL_CODES",
+    "WARNING_CODES",
     "Code",
     "PoolValidationError",
     "Problem",
@@ -40,6 +41,7 @@ class Code(StrEnum):
     RESOURCE_QUANTITY = "resource-quantity"
     EXTENDED_LIMIT = "extended-limit"
     GPU_SANDBOX_CLASS = "gpu-sandbox-class"
+    GPU_RESOURCE_TYPO = "gpu-resource-typo"
     MPS_CLIENTS_REQUIRED = "mps-clients-required"
     MPS_CLIENTS_UNEXPECTED = "mps-clients-unexpected"
     MPS_CLIENTS_RANGE = "mps-clients-range"
@@ -47,15 +49,20 @@ class Code(StrEnum):
     SHARING_WITHOUT_GPU = "sharing-without-gpu"
     GPU_OVERSUBSCRIBED = "gpu-oversubscribed"
     RESERVED_KEY = "reserved-key"
+    NODE_AFFINITY = "node-affinity"
     # Kubernetes' own object limits: the API server enforces them itself (on the pool's
     # metadata, and on the worker pod the controller renders), not the CRD.
     ANNOTATIONS_TOO_LONG = "annotations-too-long"
-    # Warnings: Python only (a CRD cannot warn).
+    # Warnings: Python only (a CRD's schema and CEL rules cannot warn).
     DISTROLESS_IMAGE = "distroless-image"
+    DEPRECATED_FIELD = "deprecated-field"
 
 
 STRUCTURAL_CODES = frozenset({Code.TYPE, Code.UNKNOWN_FIELD, Code.REQUIRED})
 """Codes the CRD enforces through its schema rather than through CEL."""
+
+WARNING_CODES = frozenset({Code.DISTROLESS_IMAGE, Code.DEPRECATED_FIELD})
+"""Codes that never block: ``pool validate`` prints them and the controller's status shows them."""
 
 APISERVER_CODES = frozenset({Code.ANNOTATIONS_TOO_LONG})
 """Codes of limits Kubernetes applies to every object, checked here so ``pool validate``

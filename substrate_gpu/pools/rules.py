@@ -31,6 +31,7 @@ Writing rules that a *standard* CEL evaluator and the API server read alike:
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,10 +46,15 @@ __all__ = [
     "COUNT_PATTERN",
     "EXTENDED_LIMIT",
     "GPU_OVERSUBSCRIBED",
+    "GPU_TYPO",
+    "IMAGE_BOTH_NAMES",
     "MPS_CLIENTS_MISSING",
     "MPS_CLIENTS_RANGE",
     "MPS_CLIENTS_WITHOUT_MPS",
     "MPS_ONE_GPU",
+    "NODE_FIELD_REQUIREMENT",
+    "NODE_LABEL_REQUIREMENT",
+    "NODE_WEIGHT",
     "NOT_NEGATIVE",
     "POOL_NAME_TOO_LONG",
     "QUANTITY_PATTERN",
@@ -64,9 +70,13 @@ __all__ = [
     "CelRule",
     "Message",
     "conflict_message",
+    "field_requirement_ok",
     "first_entry",
     "first_key",
     "gpu_support_message",
+    "gpu_typo_pattern",
+    "integer_value",
+    "label_requirement_ok",
 ]
 
 COUNT_PATTERN = r"^[1-9][0-9]{0,8}$"
@@ -77,6 +87,9 @@ QUANTITY_PATTERN = (
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 """Kubernetes' resource.Quantity syntax, without a sign (a negative request is refused)."""
+
+INTEGER_PATTERN = r"^-?[0-9]+$"
+"""A node selector's Gt/Lt value: a whole number (Kubernetes parses it as int64)."""
 
 RESERVED_DOMAINS = ("ate.dev", "substrate.io")
 """Label and annotation domains only the controller writes (the pool labels live there)."""
@@ -230,6 +243,55 @@ def _gpu_value() -> str:
     )
 
 
+def gpu_typo_pattern(name: str) -> str:
+    """A regular expression (unanchored, to match case-insensitively) of the names within
+    one edit of ``name``: one character replaced, dropped, added, or two adjacent swapped.
+
+    It also matches ``name`` itself (a character "replaced" by itself): the checks exclude
+    the recognised names explicitly.
+    """
+    parts: list[str] = []
+    for i in range(len(name) + 1):
+        head, rest = re.escape(name[:i]), name[i:]
+        parts.append(f"{head}.{re.escape(rest)}")  # one added
+        if rest:
+            parts.append(f"{head}.{re.escape(rest[1:])}")  # one replaced
+            parts.append(f"{head}{re.escape(rest[1:])}")  # one dropped
+        if len(rest) > 1:
+            parts.append(f"{head}{re.escape(rest[1] + rest[0] + rest[2:])}")  # two swapped
+    return "|".join(dict.fromkeys(parts))
+
+
+def _is_gpu_typo(key: str, name: str) -> str:
+    known = ", ".join(f"'{n}'" for n in model.GPU_RESOURCES)
+    return f"(!({key} in [{known}]) && {key}.matches({_lit(f'(?i)^({gpu_typo_pattern(name)})$')}))"
+
+
+def integer_value(value: str) -> bool:
+    """Whether ``value`` is a Gt/Lt value (see :data:`INTEGER_PATTERN`)."""
+    return re.fullmatch(INTEGER_PATTERN[1:-1], value) is not None
+
+
+def label_requirement_ok(operator: object, values: list[object] | None) -> bool:
+    """Whether a ``matchExpressions`` requirement's values fit its operator (Kubernetes' rule)."""
+    if operator in ("In", "NotIn"):
+        return bool(values)
+    if operator in ("Exists", "DoesNotExist"):
+        return not values
+    return values is not None and len(values) == 1 and integer_value(str(values[0]))
+
+
+def field_requirement_ok(key: object, operator: object, values: list[object] | None) -> bool:
+    """Whether a ``matchFields`` requirement is one Kubernetes supports: ``metadata.name``,
+    ``In`` or ``NotIn``, exactly one value."""
+    return (
+        key == "metadata.name"
+        and operator in ("In", "NotIn")
+        and values is not None
+        and len(values) == 1
+    )
+
+
 def _count_ok(value: str) -> str:
     return f"string({value}).matches({_lit(COUNT_PATTERN)})"
 
@@ -294,6 +356,18 @@ SHARING_WITHOUT_GPU = Message(
 )
 
 
+IMAGE_BOTH_NAMES = Message("is the deprecated name of workerImage: set workerImage only, not both")
+NODE_WEIGHT = Message("the weight of every preferred term must be between 1 and 100")
+NODE_LABEL_REQUIREMENT = Message(
+    "each matchExpressions requirement must fit its operator: In and NotIn need values, "
+    "Exists and DoesNotExist none, Gt and Lt exactly one whole number"
+)
+NODE_FIELD_REQUIREMENT = Message(
+    "each matchFields requirement must be on metadata.name, with operator In or NotIn "
+    "and exactly one value (all Kubernetes supports)"
+)
+
+
 def conflict_message(flat: str, upstream: str) -> Message:
     """A flat field written together with its upstream counterpart."""
     return Message(f"set either {flat} (flat form) or {upstream} (upstream form), not both")
@@ -337,6 +411,19 @@ EXTENDED_LIMIT = Message(
     "only with an equal limit): requested {found}",
     {"found": _cel_first_entry(_REQ, _LIMIT_MISSING)},
 )
+
+GPU_TYPO = {
+    (where, name): Message(
+        "{found} is not " + name + ", one edit away: did you mean " + name + "? (a misspelt "
+        "GPU resource gets the workers no GPU)",
+        {"found": _cel_first_key(expr, _is_gpu_typo("k", name))},
+    )
+    for _, expr, where in _resource_maps()
+    for name in model.GPU_RESOURCES
+}
+"""Per resource map (field relative to spec) and recognised GPU resource: a key one edit
+(or a letter case) from that resource's name, which Kubernetes would take as another
+extended resource: a pool whose workers never get a GPU."""
 
 RESERVED_KEYS = {
     where: Message(
@@ -494,6 +581,27 @@ def _build_rules() -> tuple[CelRule, ...]:
                     where,
                 )
             )
+    for (where, name), message in GPU_TYPO.items():
+        has_map, expr = next((h, e) for h, e, w in _resource_maps() if w == where)
+        rules.append(
+            CelRule(
+                Code.GPU_RESOURCE_TYPO,
+                "spec",
+                f"!({has_map}) || {expr}.all(k, !{_is_gpu_typo('k', name)})",
+                message,
+                where,
+            )
+        )
+    rules.append(
+        CelRule(
+            Code.CONFLICTING_FIELDS,
+            "spec",
+            "!(has(self.ateomImage) && has(self.workerImage))",
+            IMAGE_BOTH_NAMES,
+            "ateomImage",
+        )
+    )
+    rules += _node_affinity_rules()
     has_gpu = _has_resource(model.GPU_RESOURCE)
     rules += [
         CelRule(
@@ -553,6 +661,58 @@ def _build_rules() -> tuple[CelRule, ...]:
             )
         )
     return tuple(rules)
+
+
+def _node_affinity_rules() -> list[CelRule]:
+    affinity = "self.template.nodeAffinity"
+    has_affinity = f"has(self.template) && has({affinity})"
+    required = f"{affinity}.requiredDuringSchedulingIgnoredDuringExecution"
+    preferred = f"{affinity}.preferredDuringSchedulingIgnoredDuringExecution"
+    values = "(has(r.values) ? size(r.values) : 0)"
+    label_ok = (
+        f"(r.operator in ['In', 'NotIn'] && {values} >= 1) "
+        f"|| (r.operator in ['Exists', 'DoesNotExist'] && {values} == 0) "
+        f"|| (r.operator in ['Gt', 'Lt'] && {values} == 1 "
+        f"&& r.values[0].matches({_lit(INTEGER_PATTERN)}))"
+    )
+    field_ok = f"r.key == 'metadata.name' && r.operator in ['In', 'NotIn'] && {values} == 1"
+
+    def every_requirement(kind: str, ok: str) -> str:
+        """``ok`` (on ``r``) holds for every ``kind`` requirement of every term."""
+
+        def term(t: str) -> str:
+            return f"(!has({t}.{kind}) || {t}.{kind}.all(r, {ok}))"
+
+        return (
+            f"!({has_affinity}) || ((!has({required}) || "
+            f"{required}.nodeSelectorTerms.all(t, {term('t')})) && (!has({preferred}) || "
+            f"{preferred}.all(p, {term('p.preference')})))"
+        )
+
+    return [
+        CelRule(
+            Code.NODE_AFFINITY,
+            "spec",
+            f"!({has_affinity}) || !has({preferred}) "
+            f"|| {preferred}.all(p, p.weight >= 1 && p.weight <= 100)",
+            NODE_WEIGHT,
+            "template.nodeAffinity",
+        ),
+        CelRule(
+            Code.NODE_AFFINITY,
+            "spec",
+            every_requirement("matchExpressions", label_ok),
+            NODE_LABEL_REQUIREMENT,
+            "template.nodeAffinity",
+        ),
+        CelRule(
+            Code.NODE_AFFINITY,
+            "spec",
+            every_requirement("matchFields", field_ok),
+            NODE_FIELD_REQUIREMENT,
+            "template.nodeAffinity",
+        ),
+    ]
 
 
 RULES: tuple[CelRule, ...] = _build_rules()

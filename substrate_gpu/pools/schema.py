@@ -9,8 +9,10 @@ deliberately written twice, once in Python (:mod:`.validation`) and once in CEL
 
 Both shapes of the API live in one ``spec``: the user's documented flat form
 (``nodeSelector``, ``resourceRequests``, ``maxWorkers``, ``runtimeClassName``,
-``gpuSharing``, ``annotations``) and the upstream form (``replicas``, ``ateomImage``,
-``sandboxClass``, ``template.{labels,annotations,nodeSelector,tolerations,resources}``).
+``gpuSharing``, ``annotations``) and the upstream form (``replicas``, ``workerImage``,
+``sandboxClass``, ``sandboxConfigName``, ``template.{labels,annotations,nodeSelector,
+tolerations,priorityClassName,nodeAffinity,resources,imagePullSecrets}``). ``ateomImage``,
+upstream's former name of ``workerImage``, is still accepted (deprecated, with a warning).
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class ListField:
     description: str
     items: SchemaField
     max_items: int
+    min_items: int = 0
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,68 @@ _TOLERATION = ObjectField(
     },
 )
 
+_NODE_SELECTOR_REQUIREMENT = ObjectField(
+    "A node selector requirement (core/v1 NodeSelectorRequirement).",
+    {
+        # Bounded (a qualified name; a label value or node name) so the API server can bound
+        # the cost of the CEL rules that check them.
+        "key": StringField(
+            "The label key (or field, in matchFields) it applies to.",
+            min_length=1,
+            max_length=317,
+        ),
+        "operator": StringField(
+            "How the key's value is compared with values.",
+            enum=("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"),
+        ),
+        "values": ListField(
+            "Values: one or more for In and NotIn, one integer for Gt and Lt, none for "
+            "Exists and DoesNotExist.",
+            StringField("A value.", max_length=253),
+            64,
+        ),
+    },
+    required=("key", "operator"),
+)
+
+_NODE_SELECTOR_TERM = ObjectField(
+    "Requirements ANDed together (core/v1 NodeSelectorTerm).",
+    {
+        "matchExpressions": ListField(
+            "Requirements on node labels.", _NODE_SELECTOR_REQUIREMENT, 16
+        ),
+        "matchFields": ListField("Requirements on node fields.", _NODE_SELECTOR_REQUIREMENT, 16),
+    },
+)
+
+_NODE_AFFINITY = ObjectField(
+    "Node affinity of the worker pods (core/v1 NodeAffinity); rendered as "
+    "spec.affinity.nodeAffinity of the pod.",
+    {
+        "requiredDuringSchedulingIgnoredDuringExecution": ObjectField(
+            "Terms ORed together: a node must match one of them.",
+            {
+                "nodeSelectorTerms": ListField(
+                    "The terms (at least one).", _NODE_SELECTOR_TERM, 16, min_items=1
+                )
+            },
+            required=("nodeSelectorTerms",),
+        ),
+        "preferredDuringSchedulingIgnoredDuringExecution": ListField(
+            "Weighted terms the scheduler prefers.",
+            ObjectField(
+                "A weighted preference.",
+                {
+                    "weight": IntField("Weight of the preference (1..100)."),
+                    "preference": _NODE_SELECTOR_TERM,
+                },
+                required=("weight", "preference"),
+            ),
+            16,
+        ),
+    },
+)
+
 _TEMPLATE = ObjectField(
     "Upstream form: metadata, scheduling and resources of the worker pods.",
     {
@@ -129,12 +194,22 @@ _TEMPLATE = ObjectField(
         ),
         "tolerations": ListField("Tolerations of the worker pods.", _TOLERATION, 16),
         "priorityClassName": StringField("PriorityClass of the worker pods.", min_length=1),
+        "nodeAffinity": _NODE_AFFINITY,
         "resources": ObjectField(
             "Compute resources of the worker runtime container.",
             {
                 "requests": _resource_map("Requested resources."),
                 "limits": _resource_map("Resource limits."),
             },
+        ),
+        "imagePullSecrets": ListField(
+            "Secrets of the pool's namespace to pull the worker image with.",
+            ObjectField(
+                "A Secret reference (core/v1 LocalObjectReference).",
+                {"name": StringField("The Secret's name.", min_length=1)},
+                required=("name",),
+            ),
+            16,
         ),
     },
 )
@@ -172,7 +247,14 @@ SPEC = ObjectField(
         ),
         # The upstream form.
         "replicas": IntField("The number of worker pods (0 or more)."),
-        "ateomImage": StringField("The worker runtime (ateom) image.", min_length=1),
+        "workerImage": StringField(
+            "The worker runtime image; optional: the controller's default applies without it.",
+            min_length=1,
+        ),
+        "ateomImage": StringField(
+            "Deprecated: upstream's former name of workerImage (accepted, with a warning).",
+            min_length=1,
+        ),
         "sandboxClass": StringField(
             "Sandbox runtime family: gvisor (default) or microvm.", default="gvisor"
         ),

@@ -3,6 +3,13 @@
 Pure functions: a :class:`~.model.WorkerPool` and the controller's environment (an explicit
 mapping, never ``os.environ`` read from in here) in, a Kubernetes object (plain dicts) out.
 
+The worker image is the pool's ``workerImage`` (or its deprecated ``ateomImage``), else the
+controller's ``ATE_DEFAULT_WORKER_IMAGE``, else the built-in default of the pools whose
+worker is this project's agent (GPU pools on gVisor): ``substrate-gpu:<this version>``, the
+image the Dockerfile builds, versioned with the controller so the two never drift. Other
+pools have no built-in default: their worker is someone else's (upstream's ateom for a CPU
+pool, a micro-VM worker), and guessing it would start workers no node agent can drive.
+
 :func:`render_worker_deployment` builds the shape every pool gets, then
 :func:`maybe_shape_for_gpu` adds what a GPU gVisor pool needs and nothing else:
 
@@ -27,14 +34,17 @@ GPU step (tests compare the two renderings).
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import metadata
 
 from substrate_gpu import _defaults
 from substrate_gpu.exceptions import ConfigError
 from substrate_gpu.pools import model, worker_agent
 
 __all__ = [
+    "AGENT_IMAGE_REPOSITORY",
     "DEFAULT_TOOLKIT_HOST_PATH",
     "DRIVER_ROOT_ENV",
     "TOOLKIT_CONTAINER_PATH",
@@ -44,8 +54,12 @@ __all__ = [
     "WORKER_IMAGE_ENV",
     "ControllerSettings",
     "MissingWorkerImageError",
+    "agent_image",
+    "builtin_worker_image",
     "maybe_shape_for_gpu",
     "render_worker_deployment",
+    "runs_agent",
+    "worker_image",
 ]
 
 TOOLKIT_HOST_PATH_ENV = _defaults.TOOLKIT_HOST_PATH_ENV
@@ -54,7 +68,12 @@ TOOLKIT_CONTAINER_PATH = str(_defaults.TOOLKIT_DIR)
 TOOLKIT_VOLUME = "nvidia-toolkit"
 DRIVER_ROOT_ENV = _defaults.DRIVER_ROOT_ENV
 WORKER_IMAGE_ENV = _defaults.WORKER_IMAGE_ENV
-"""Controller setting: the worker image for pools without ``spec.ateomImage``."""
+"""Controller setting: the worker image for pools without ``spec.workerImage``."""
+LEGACY_WORKER_IMAGE_ENV = _defaults.LEGACY_WORKER_IMAGE_ENV
+"""The former name of :data:`WORKER_IMAGE_ENV`, read when it is unset."""
+AGENT_IMAGE_REPOSITORY = "substrate-gpu"
+"""The name this project's image is built and tagged with (``docker build -t
+substrate-gpu:<version> .``): the controller's image, and GPU workers' by default."""
 WORKER_CONTAINER = "ateom"
 """Name of the worker runtime container (the one that gets the GPUs)."""
 
@@ -72,7 +91,7 @@ class ControllerSettings:
     driver_root: str | None = None
     """``ATE_NVIDIA_DRIVER_ROOT`` to forward to GPU workers; ``None`` when unset."""
     default_image: str | None = None
-    """Worker image for pools that name none."""
+    """Worker image for pools that name none (before the built-in default)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ControllerSettings:
@@ -80,8 +99,35 @@ class ControllerSettings:
         return cls(
             toolkit_host_path=env.get(TOOLKIT_HOST_PATH_ENV) or DEFAULT_TOOLKIT_HOST_PATH,
             driver_root=env.get(DRIVER_ROOT_ENV) or None,
-            default_image=env.get(WORKER_IMAGE_ENV) or None,
+            default_image=env.get(WORKER_IMAGE_ENV) or env.get(LEGACY_WORKER_IMAGE_ENV) or None,
         )
+
+
+@functools.cache
+def agent_image() -> str | None:
+    """``substrate-gpu:<installed version>``; ``None`` when the package is not installed."""
+    try:
+        return f"{AGENT_IMAGE_REPOSITORY}:{metadata.version('substrate-gpu')}"
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def runs_agent(pool: model.WorkerPool) -> bool:
+    """Whether the pool's worker container runs this project's agent: a GPU gVisor pool."""
+    return (
+        pool.is_gpu_pool
+        and pool.sandbox_class in model.GPU_RESOURCES[model.GPU_RESOURCE].sandbox_classes
+    )
+
+
+def builtin_worker_image(pool: model.WorkerPool) -> str | None:
+    """The image a pool gets when neither it nor the controller names one (module docstring)."""
+    return agent_image() if runs_agent(pool) else None
+
+
+def worker_image(pool: model.WorkerPool, settings: ControllerSettings) -> str | None:
+    """The pool's worker image: its own, else the controller's default, else the built-in."""
+    return pool.worker_image or settings.default_image or builtin_worker_image(pool)
 
 
 def _pool_labels(pool: model.WorkerPool) -> dict[str, str]:
@@ -95,11 +141,13 @@ def render_worker_deployment(
     gpu_shaping: bool = True,
 ) -> dict[str, object]:
     """The worker Deployment of ``pool``; ``gpu_shaping=False`` renders it without the GPU step."""
-    image = pool.ateom_image or settings.default_image
+    image = worker_image(pool, settings)
     if image is None:
         raise MissingWorkerImageError(
             f"while rendering WorkerPool {pool.namespace}/{pool.name}: it has no "
-            f"spec.ateomImage and the controller has no {WORKER_IMAGE_ENV}: set one of them"
+            f"spec.workerImage and the controller has no {WORKER_IMAGE_ENV}; only GPU pools on "
+            "gVisor, whose worker is this project's agent, have a built-in default: set "
+            "one of them"
         )
     labels = _pool_labels(pool)
     # Extended resources are GPU shaping's business; native ones are the base shape.
@@ -122,6 +170,10 @@ def render_worker_deployment(
         pod_spec["tolerations"] = [t.to_dict() for t in pool.tolerations]
     if pool.priority_class_name:
         pod_spec["priorityClassName"] = pool.priority_class_name
+    if pool.node_affinity is not None:
+        pod_spec["affinity"] = {"nodeAffinity": dict(pool.node_affinity.to_dict())}
+    if pool.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in pool.image_pull_secrets]
     pod_metadata: dict[str, object] = {"labels": {**pool.labels, **labels}}
     if pool.annotations:
         pod_metadata["annotations"] = dict(pool.annotations)
@@ -152,10 +204,7 @@ def maybe_shape_for_gpu(
 ) -> dict[str, object]:
     """A copy of ``deployment`` with the GPU shape added; unchanged unless a GPU gVisor pool."""
     shaped = copy.deepcopy(dict(deployment))
-    if (
-        not pool.is_gpu_pool
-        or pool.sandbox_class not in model.GPU_RESOURCES[model.GPU_RESOURCE].sandbox_classes
-    ):
+    if not runs_agent(pool):
         return shaped
     spec = _child(shaped, "spec")
     pod_spec = _child(_child(spec, "template"), "spec")

@@ -12,7 +12,8 @@ Two layers, in one walk:
    field, so ``pool validate`` and the API server say the same thing.
 
 Warnings (never blocking, Python only): a GPU pool whose worker image looks distroless,
-where ``nvidia-ctk`` (a glibc binary) cannot run.
+where ``nvidia-ctk`` (a glibc binary) cannot run; ``ateomImage``, the deprecated name of
+``workerImage``.
 """
 
 from __future__ import annotations
@@ -149,6 +150,9 @@ def _check_structure(
         if len(value) > shape.max_items:
             out.error(path, Code.TYPE, f"must have at most {shape.max_items} items")
             ok = False
+        if len(value) < shape.min_items:
+            out.error(path, Code.TYPE, f"must have at least {shape.min_items} item(s)")
+            ok = False
         for index, item in enumerate(value):
             ok = _check_structure(item, shape.items, [*path, index], out) and ok
         return ok
@@ -163,12 +167,21 @@ def _check_structure(
     for key, item in value.items():
         sub = shape.properties.get(key) if isinstance(key, str) else None
         if sub is None:
-            known = ", ".join(shape.properties)
-            out.error([*path, str(key)], Code.UNKNOWN_FIELD, f"unknown field (known: {known})")
+            out.error([*path, str(key)], Code.UNKNOWN_FIELD, _unknown_field(key, shape))
             ok = False
             continue
         ok = _check_structure(item, sub, [*path, key], out) and ok
     return ok
+
+
+def _unknown_field(key: object, shape: schema.ObjectField) -> str:
+    """``unknown field``, the nearest known one when there is one, and all of them."""
+    known = ", ".join(shape.properties)
+    import difflib  # noqa: PLC0415  (only for a misspelt field: the CLI starts without it)
+
+    nearest = difflib.get_close_matches(str(key), shape.properties, n=1, cutoff=0.6)
+    hint = f": did you mean {nearest[0]}?" if nearest else ""
+    return f"unknown field{hint} (known: {known})"
 
 
 def _well_typed_spec(spec: Mapping[str, object], out: _Collector) -> dict[str, object]:
@@ -177,8 +190,7 @@ def _well_typed_spec(spec: Mapping[str, object], out: _Collector) -> dict[str, o
     for key, item in spec.items():
         sub = schema.SPEC.properties.get(key) if isinstance(key, str) else None
         if sub is None:
-            known = ", ".join(schema.SPEC.properties)
-            out.error(["spec", str(key)], Code.UNKNOWN_FIELD, f"unknown field (known: {known})")
+            out.error(["spec", str(key)], Code.UNKNOWN_FIELD, _unknown_field(key, schema.SPEC))
         elif _check_structure(item, sub, ["spec", key], out):
             kept[key] = item
     return kept
@@ -276,6 +288,14 @@ def _check_resources(spec: Mapping[str, object], out: _Collector) -> None:
         for resource in model.GPU_RESOURCES:
             if resource in values and _sandbox_class(spec) not in _supporting(resource):
                 out.error(path, Code.GPU_SANDBOX_CLASS, rules.gpu_support_message(resource))
+            typos = [name for name in values if _is_gpu_typo(name, resource)]
+            if typos:
+                out.error(
+                    path,
+                    Code.GPU_RESOURCE_TYPO,
+                    rules.GPU_TYPO[field, resource],
+                    found=rules.first_key(typos),
+                )
     resources = _m(_m(spec.get("template")).get("resources"))
     if "requests" in resources:
         limits = _m(resources.get("limits"))
@@ -292,6 +312,17 @@ def _check_resources(spec: Mapping[str, object], out: _Collector) -> None:
                 rules.EXTENDED_LIMIT,
                 found=rules.first_entry(unmatched),
             )
+
+
+_TYPO_PATTERNS = {
+    name: re.compile(rules.gpu_typo_pattern(name), re.IGNORECASE) for name in model.GPU_RESOURCES
+}
+
+
+def _is_gpu_typo(key: str, resource: str) -> bool:
+    """Whether ``key`` is one edit (or a letter case) from ``resource`` without being a
+    recognised GPU resource itself."""
+    return key not in model.GPU_RESOURCES and _TYPO_PATTERNS[resource].fullmatch(key) is not None
 
 
 def _sandbox_class(spec: Mapping[str, object]) -> object:
@@ -407,14 +438,68 @@ def _check_annotation_size(
 
 
 def _check_image(spec: Mapping[str, object], out: _Collector) -> None:
-    image = spec.get("ateomImage")
+    if "ateomImage" in spec:
+        if "workerImage" in spec:
+            out.error(["spec", "ateomImage"], Code.CONFLICTING_FIELDS, rules.IMAGE_BOTH_NAMES)
+        else:
+            out.warn(
+                ["spec", "ateomImage"],
+                Code.DEPRECATED_FIELD,
+                "is deprecated: upstream renamed it workerImage, which means the same; "
+                "write workerImage",
+            )
+    field = "workerImage" if "workerImage" in spec else "ateomImage"
+    image = spec.get(field)
     if isinstance(image, str) and _gpu_value(spec) is not None and _DISTROLESS.search(image):
         out.warn(
-            ["spec", "ateomImage"],
+            ["spec", field],
             Code.DISTROLESS_IMAGE,
             f"{image} looks distroless: GPU workers run nvidia-ctk, a glibc binary that "
             "cannot execute without a C library; use a glibc-based image",
         )
+
+
+def _terms(affinity: Mapping[str, object]) -> Iterator[Mapping[str, object]]:
+    """Every node selector term of a node affinity: the required ones, then the preferred."""
+    required = _m(affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
+    for term in cast("list[object]", required.get("nodeSelectorTerms", [])):
+        yield _m(term)
+    for preferred in cast("list[object]", affinity.get(_PREFERRED, [])):
+        yield _m(_m(preferred).get("preference"))
+
+
+_PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def _check_node_affinity(spec: Mapping[str, object], out: _Collector) -> None:
+    template = _m(spec.get("template"))
+    if "nodeAffinity" not in template:
+        return
+    affinity = _m(template["nodeAffinity"])
+    path: list[PathPart] = ["spec", "template", "nodeAffinity"]
+    weights = [_m(p).get("weight") for p in cast("list[object]", affinity.get(_PREFERRED, []))]
+    if any(not 1 <= cast("int", w) <= 100 for w in weights):
+        out.error(path, Code.NODE_AFFINITY, rules.NODE_WEIGHT)
+
+    def requirements(kind: str) -> Iterator[Mapping[str, object]]:
+        for term in _terms(affinity):
+            for item in cast("list[object]", term.get(kind, [])):
+                yield _m(item)
+
+    if not all(
+        rules.label_requirement_ok(r.get("operator"), _opt_list(r.get("values")))
+        for r in requirements("matchExpressions")
+    ):
+        out.error(path, Code.NODE_AFFINITY, rules.NODE_LABEL_REQUIREMENT)
+    if not all(
+        rules.field_requirement_ok(r.get("key"), r.get("operator"), _opt_list(r.get("values")))
+        for r in requirements("matchFields")
+    ):
+        out.error(path, Code.NODE_AFFINITY, rules.NODE_FIELD_REQUIREMENT)
+
+
+def _opt_list(raw: object) -> list[object] | None:
+    return cast("list[object]", raw) if isinstance(raw, list) else None
 
 
 # --- entry points ---------------------------------------------------------------------
@@ -453,7 +538,9 @@ def validate_document(doc: object) -> ValidationReport:
     _check_sandbox_class(spec, out)
     _check_sharing(spec, out)
     _check_reserved_keys(spec, out)
-    _check_annotation_size(cast("Mapping[str, object]", metadata), spec, out)
+    _check_node_affinity(spec, out)
+    # metadata may be missing (an error above): a check on its fields sees it empty.
+    _check_annotation_size(_m(metadata), spec, out)
     _check_image(spec, out)
     return ValidationReport(tuple(out.errors), tuple(out.warnings))
 

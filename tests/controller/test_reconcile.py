@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -62,18 +63,57 @@ def test_the_deployment_name_is_fixed_per_pool() -> None:
     assert outcome.deployment["metadata"]["name"] == reconcile.deployment_name("gpu")  # type: ignore[index]
 
 
-def test_a_pool_without_any_worker_image_is_rejected_as_no_worker_image() -> None:
-    """Valid, but nothing to run: Rejected with the reason and what to set."""
-    outcome = reconcile.plan(stored(pool(flat("1"))), ControllerSettings())
+CPU_POOL = pool({"replicas": 2, "template": {"resources": {"requests": {"cpu": "1"}}}})
+
+
+def test_a_cpu_pool_without_any_worker_image_is_rejected_as_no_worker_image() -> None:
+    """Valid, but nothing to run (a CPU worker is not ours to guess): Rejected, with the
+    reason and what to set."""
+    outcome = reconcile.plan(stored(CPU_POOL), ControllerSettings())
     assert isinstance(outcome, reconcile.Reject)
     assert outcome.reason == "NoWorkerImage"
-    assert "spec.ateomImage" in outcome.message
-    assert "ATE_DEFAULT_ATEOM_IMAGE" in outcome.message
+    assert "spec.workerImage" in outcome.message
+    assert "ATE_DEFAULT_WORKER_IMAGE" in outcome.message
 
 
-def test_the_pool_image_wins_over_the_controller_default() -> None:
-    outcome = reconcile.plan(stored(pool(flat("1", ateomImage=IMAGE))), ControllerSettings())
+def test_a_gpu_pool_without_any_worker_image_runs_this_versions_agent_image() -> None:
+    """The seed's pool (no image) under a controller without a default: substrate-gpu:<version>."""
+    outcome = reconcile.plan(stored(pool(flat("1"))), ControllerSettings())
     assert isinstance(outcome, reconcile.Apply)
+    (container,) = outcome.deployment["spec"]["template"]["spec"]["containers"]  # type: ignore[index]
+    assert container["image"] == f"substrate-gpu:{metadata.version('substrate-gpu')}"
+
+
+@pytest.mark.parametrize("field", ["workerImage", "ateomImage"])
+def test_the_pool_image_wins_over_the_controller_default(field: str) -> None:
+    outcome = reconcile.plan(stored(pool(flat("1", **{field: IMAGE}))), SETTINGS)
+    assert isinstance(outcome, reconcile.Apply)
+    (container,) = outcome.deployment["spec"]["template"]["spec"]["containers"]  # type: ignore[index]
+    assert container["image"] == IMAGE
+
+
+def test_a_pool_with_a_gpu_typo_is_rejected_not_ready_as_a_cpu_pool() -> None:
+    """nvidia.com/gpus stored under an older CRD: the status says InvalidSpec, did you mean."""
+    doc = pool({"resourceRequests": {"nvidia.com/gpus": "1"}, "maxWorkers": 10})
+    outcome = reconcile.plan(stored(doc), SETTINGS)
+    assert isinstance(outcome, reconcile.Reject)
+    assert outcome.reason == "InvalidSpec"
+    assert "did you mean nvidia.com/gpu?" in outcome.message
+    status = reconcile.pool_status(outcome, generation=1, previous=[], now=NOW)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")  # type: ignore[attr-defined]
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert "nvidia.com/gpus" in ready["message"]
+
+
+def test_a_warning_reaches_the_ready_condition_of_an_applied_pool() -> None:
+    """A deprecated ateomImage is applied, and the status says so (kubectl get -o yaml)."""
+    outcome = reconcile.plan(stored(pool(flat("1", ateomImage=IMAGE))), SETTINGS)
+    status = reconcile.pool_status(outcome, generation=1, previous=[], now=NOW)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")  # type: ignore[attr-defined]
+    assert ready["status"] == "True"
+    assert ready["message"].startswith(
+        "the worker Deployment is up to date; warning: spec.ateomImage: is deprecated"
+    )
 
 
 def test_a_pool_the_validator_refuses_is_rejected_as_invalid_spec() -> None:

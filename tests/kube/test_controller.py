@@ -38,7 +38,7 @@ from substrate_gpu.pools import (
 REPO = Path(__file__).resolve().parents[2]
 WORKER_IMAGE = "ateom:test"
 CONTROLLER_ENV = {
-    "ATE_DEFAULT_ATEOM_IMAGE": WORKER_IMAGE,
+    "ATE_DEFAULT_WORKER_IMAGE": WORKER_IMAGE,
     "ATE_NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
 }
 SETTINGS = ControllerSettings.from_env(CONTROLLER_ENV)
@@ -300,23 +300,25 @@ def test_an_invalid_pool_is_refused_at_admission_and_never_reaches_the_controlle
 def test_a_pool_that_cannot_be_rendered_is_rejected_with_the_reason(
     admin: KubeClient, namespace: str, kubeconfig: Path, tmp_path: Path
 ) -> None:
-    """No spec.ateomImage and no ATE_DEFAULT_ATEOM_IMAGE: Rejected NoWorkerImage, no Deployment."""
+    """A CPU pool without spec.workerImage, a controller without ATE_DEFAULT_WORKER_IMAGE
+    (and no built-in image for CPU workers): Rejected NoWorkerImage, no Deployment."""
     controller = start_controller(kubeconfig, namespace, tmp_path / "c.log", env={})
+    cpu = pool({"replicas": 1, "template": {"resources": {"requests": {"cpu": "1"}}}}, name="cpu")
     try:
-        create_pool(admin, namespace, gpu_pool())
+        create_pool(admin, namespace, cpu)
 
         def rejected() -> dict[str, Any] | None:
-            body = admin.ok("GET", pool_path(namespace, "gpu"))
+            body = admin.ok("GET", pool_path(namespace, "cpu"))
             c = condition(body, "Rejected")
             return c if c and c["status"] == "True" else None
 
         rejected_condition = controller.wait_for("Rejected", rejected)
-        assert logged(controller, "workerpool rejected", f"{namespace}/gpu")
+        assert logged(controller, "workerpool rejected", f"{namespace}/cpu")
     finally:
         controller.stop()
     assert rejected_condition["reason"] == "NoWorkerImage"
-    assert "ATE_DEFAULT_ATEOM_IMAGE" in rejected_condition["message"]
-    body = admin.ok("GET", pool_path(namespace, "gpu"))
+    assert "ATE_DEFAULT_WORKER_IMAGE" in rejected_condition["message"]
+    body = admin.ok("GET", pool_path(namespace, "cpu"))
     assert condition(body, "Ready")["status"] == "False"  # type: ignore[index]
     assert body["status"]["observedGeneration"] == 1
     assert deployments(admin, namespace) == []

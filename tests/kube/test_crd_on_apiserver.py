@@ -34,6 +34,7 @@ SCHEMA_SAYS = {
     "enum": "Unsupported value",
     "minLength": "should be at least",
     "maxLength": "Too long",
+    "minItems": "should have at least",
     "required": "Required value",
 }
 """The API server's wording for each structural check of pool_cases.STRUCTURAL_CASES."""

@@ -1,4 +1,5 @@
-"""docs/api-guide.md's controller quick start, run as written (its directory moved to a temp one).
+"""docs/api-guide.md's controller quick start, run as written (``mktemp`` under the test's
+temporary directory, through ``TMPDIR``).
 
 The seed's pool, unchanged, reaches Ready and gets its GPU-shaped worker Deployment, with
 only what the project builds (scripts/build-kube.sh) and installs (no kubectl).
@@ -16,19 +17,18 @@ import yaml
 from docs.test_doc_examples import example
 from service.agentproc import REPO
 
+from substrate_gpu.pools import shaping
 from substrate_gpu.testing import kube
-
-DOC_DIR = "/tmp/substrate-kube"
 
 
 def test_the_quick_start_runs_as_written(kube_bin: Path, tmp_path: Path) -> None:
     """start, controller, apply, get pool, get Deployment, stop: the pool Ready, 1 GPU a worker."""
-    language, body = example("api-guide.md", "quick-start")
+    language, script = example("api-guide.md", "quick-start")
     assert language == "sh"
-    workdir = tmp_path / "substrate-kube"
-    script = body.replace(DOC_DIR, str(workdir))
+    assert "/tmp/" not in script  # one shared directory would collide between users
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ATE_", "KUBE"))}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env["TMPDIR"] = str(tmp_path)
     try:
         done = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", script],
@@ -40,7 +40,9 @@ def test_the_quick_start_runs_as_written(kube_bin: Path, tmp_path: Path) -> None
             check=False,
         )
     finally:
-        kube.stop_detached(workdir)
+        for made in tmp_path.iterdir():
+            kube.stop_detached(made)
+    [workdir] = list(tmp_path.iterdir())  # mktemp's, under TMPDIR
     log = workdir / "controller.log"
     controller_log = log.read_text(errors="replace") if log.exists() else ""
     assert done.returncode == 0, f"{done.stderr}\n{controller_log}"
@@ -62,7 +64,7 @@ def test_the_quick_start_runs_as_written(kube_bin: Path, tmp_path: Path) -> None
     assert ready == {"Ready": "True", "Rejected": "False"}
     assert pool["status"]["replicas"] == 10
     [container] = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == "substrate-gpu:latest"
+    assert container["image"] == shaping.agent_image()
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert "workerpool created" in controller_log
     assert kube._running_pids(workdir) == []  # the doc's stop stopped both

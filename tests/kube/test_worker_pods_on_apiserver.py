@@ -71,6 +71,18 @@ def runtime_classes(admin: KubeClient) -> None:
                 assert response.status in (201, 409), response.body
 
 
+@pytest.fixture(scope="module", autouse=True)
+def priority_classes(admin: KubeClient) -> None:
+    """The PriorityClasses the example pools name (the Priority admission plugin needs them)."""
+    for path in EXAMPLES:
+        for document in manifests.read_documents(path):
+            name = load_pool(document.content).priority_class_name
+            if name:
+                body = {"metadata": {"name": name}, "value": 1000}
+                response = admin.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body)
+                assert response.status in (201, 409), response.body
+
+
 @pytest.fixture(scope="module")
 def open_namespace(admin: KubeClient) -> str:
     return pod_namespace(admin, "worker-pods", {})

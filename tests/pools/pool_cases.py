@@ -37,16 +37,50 @@ def upstream(
         resources["requests"] = requests
     if limits is not None:
         resources["limits"] = limits
-    return {"replicas": 1, "ateomImage": IMAGE, "template": {"resources": resources}, **extra}
+    return {"replicas": 1, "workerImage": IMAGE, "template": {"resources": resources}, **extra}
 
 
 def sharing(**settings: Any) -> dict[str, Any]:
     return {"gpuSharing": settings}
 
 
+def affinity(**node_affinity: Any) -> dict[str, Any]:
+    """A CPU upstream-form spec whose template has ``node_affinity``."""
+    spec = upstream({"cpu": 1})
+    spec["template"]["nodeAffinity"] = node_affinity
+    return spec
+
+
+def required(*expressions: dict[str, Any], fields: list[dict[str, Any]] | None = None) -> dict:
+    """``requiredDuringScheduling…`` with one term of ``expressions`` (and ``fields``)."""
+    term: dict[str, Any] = {"matchExpressions": list(expressions)}
+    if fields is not None:
+        term["matchFields"] = fields
+    return {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+
+
+def preferred(weight: int, *expressions: dict[str, Any]) -> dict:
+    """``preferredDuringScheduling…`` with one weighted term of ``expressions``."""
+    return {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": weight, "preference": {"matchExpressions": list(expressions)}}
+        ]
+    }
+
+
+def req(key: str, operator: str, *values: str) -> dict[str, Any]:
+    """A node selector requirement."""
+    out: dict[str, Any] = {"key": key, "operator": operator}
+    if values:
+        out["values"] = list(values)
+    return out
+
+
 G = "nvidia.com/gpu"
 W1 = {"maxWorkers": 1}
 OTHER_GPUS = {"amd.com/gpu": 1, "gpu.intel.com/i915": 1, "gpu.intel.com/xe": 1}
+TYPOS = ("nvidia.com/gpus", "amd.com/gpus", "gpu.intel.com/i916", "gpu.intel.com/xee")
+"""One misspelling of each recognised GPU resource."""
 
 SEMANTIC_CASES = [
     # --- accepted as written ---------------------------------------------------------
@@ -148,6 +182,140 @@ SEMANTIC_CASES = [
         pool(upstream(OTHER_GPUS, OTHER_GPUS)),
         {Code.GPU_SANDBOX_CLASS},
         id="other-vendors-in-requests-and-limits",
+    ),
+    # --- a GPU resource one edit from a recognised name is a typo, never a CPU pool --------
+    # Kubernetes would take nvidia.com/gpus as another extended resource: no GPU, no GPU
+    # shaping, workers Pending (or worse, running without a GPU) and a "Ready" pool.
+    pytest.param(
+        pool(
+            {
+                "nodeSelector": {"accelerator": "nvidia-gpu"},
+                "resourceRequests": {"nvidia.com/gpus": "1"},
+                "maxWorkers": 10,
+            },
+            name="gpu-pool",
+        ),
+        {Code.GPU_RESOURCE_TYPO},
+        id="user-documented-pool-with-gpus-typo",
+    ),
+    pytest.param(
+        pool(upstream({"nvidia.com/gup": 1}, {"nvidia.com/gup": 1})),
+        {Code.GPU_RESOURCE_TYPO},
+        id="gpu-swapped-letters-in-requests-and-limits",
+    ),
+    pytest.param(
+        pool(upstream(None, {"nvidia.com/gp": 1})),
+        {Code.GPU_RESOURCE_TYPO},
+        id="gpu-letter-dropped",
+    ),
+    pytest.param(
+        pool(upstream(None, {"nvidia.com/cpu": 1})),
+        {Code.GPU_RESOURCE_TYPO},
+        id="gpu-letter-replaced",
+    ),
+    # Resource names are case-sensitive: a capitalised name is another resource.
+    pytest.param(
+        pool(upstream(None, {"NVIDIA.com/GPU": 1})),
+        {Code.GPU_RESOURCE_TYPO},
+        id="gpu-upper-case",
+    ),
+    # The right name beside the misspelt one does not excuse it.
+    pytest.param(
+        pool(upstream(None, {G: 1, "nvidia.com/gpu0": 1})),
+        {Code.GPU_RESOURCE_TYPO},
+        id="gpu-and-a-typo",
+    ),
+    # Other vendors' names are recognised too (and refused on their own).
+    pytest.param(
+        pool(upstream(None, {"amd.com/gpus": 1})), {Code.GPU_RESOURCE_TYPO}, id="amd-typo"
+    ),
+    pytest.param(
+        pool(upstream(None, {"gpu.intel.com/i91": 1})), {Code.GPU_RESOURCE_TYPO}, id="intel-typo"
+    ),
+    # Each recognised name, in each map, is checked (each problem names its map).
+    pytest.param(
+        pool({"resourceRequests": dict.fromkeys(TYPOS, "1")} | W1),
+        {Code.GPU_RESOURCE_TYPO},
+        id="typos-of-every-vendor-flat",
+    ),
+    pytest.param(
+        pool(upstream(dict.fromkeys(TYPOS, 1), dict.fromkeys(TYPOS, 1))),
+        {Code.GPU_RESOURCE_TYPO},
+        id="typos-of-every-vendor-upstream",
+    ),
+    # Two edits away is another resource, not a typo (the device plugin's shared GPUs,
+    # MIG slices, unrelated vendors).
+    pytest.param(
+        pool(upstream(None, {"nvidia.com/gpu.shared": 1, "nvidia.com/mig-1g.5gb": 1})),
+        set(),
+        id="other-nvidia-resources",
+    ),
+    pytest.param(
+        pool(upstream(None, {"example.com/gpux2": 1})), set(), id="unrelated-extended-resource"
+    ),
+    # --- the worker image: workerImage, or its deprecated name, not both -----------------
+    pytest.param(pool(flat(workerImage=IMAGE)), set(), id="worker-image"),
+    pytest.param(pool(flat(ateomImage=IMAGE)), set(), id="deprecated-ateom-image"),
+    pytest.param(
+        pool(flat(workerImage=IMAGE, ateomImage=IMAGE)),
+        {Code.CONFLICTING_FIELDS},
+        id="both-image-names",
+    ),
+    # --- node affinity: what Kubernetes would refuse in the worker pod ------------------
+    pytest.param(
+        pool(
+            affinity(
+                **required(req("zone", "In", "a", "b"), req("gpu", "Exists")),
+                **preferred(100, req("cores", "Gt", "8"), req("spot", "DoesNotExist")),
+            )
+        ),
+        set(),
+        id="node-affinity",
+    ),
+    pytest.param(
+        pool(affinity(**required(fields=[req("metadata.name", "In", "node-1")]))),
+        set(),
+        id="node-affinity-field",
+    ),
+    pytest.param(
+        pool(affinity(**preferred(0, req("zone", "In", "a")))),
+        {Code.NODE_AFFINITY},
+        id="node-affinity-zero-weight",
+    ),
+    pytest.param(
+        pool(affinity(**preferred(101, req("zone", "In", "a")))),
+        {Code.NODE_AFFINITY},
+        id="node-affinity-weight-over-100",
+    ),
+    pytest.param(
+        pool(affinity(**required(req("zone", "In")))),
+        {Code.NODE_AFFINITY},
+        id="node-affinity-in-without-values",
+    ),
+    pytest.param(
+        pool(affinity(**required(req("gpu", "Exists", "yes")))),
+        {Code.NODE_AFFINITY},
+        id="node-affinity-exists-with-values",
+    ),
+    pytest.param(
+        pool(affinity(**preferred(1, req("cores", "Gt", "eight")))),
+        {Code.NODE_AFFINITY},
+        id="node-affinity-gt-not-a-number",
+    ),
+    pytest.param(
+        pool(affinity(**required(req("cores", "Lt", "1", "2")))),
+        {Code.NODE_AFFINITY},
+        id="node-affinity-lt-two-values",
+    ),
+    pytest.param(
+        pool(affinity(**required(fields=[req("metadata.labels", "In", "x")]))),
+        {Code.NODE_AFFINITY},
+        id="node-affinity-field-not-name",
+    ),
+    pytest.param(
+        pool(affinity(**required(fields=[req("metadata.name", "In", "a", "b")]))),
+        {Code.NODE_AFFINITY},
+        id="node-affinity-field-two-values",
     ),
     # --- Kubernetes' extended-resource rule ------------------------------------------
     pytest.param(pool(upstream({G: 1}, None)), {Code.EXTENDED_LIMIT}, id="request-without-limit"),
@@ -335,7 +503,32 @@ STRUCTURAL_CASES = [
         "enum",
         id="bad-toleration-operator",
     ),
-    pytest.param(pool(flat(ateomImage="")), {Code.TYPE}, "minLength", id="empty-image"),
+    pytest.param(pool(flat(workerImage="")), {Code.TYPE}, "minLength", id="empty-image"),
+    pytest.param(pool(flat(ateomImage="")), {Code.TYPE}, "minLength", id="empty-deprecated-image"),
+    pytest.param(
+        pool(affinity(**required(req("zone", "Near", "a")))),
+        {Code.TYPE},
+        "enum",
+        id="node-affinity-unknown-operator",
+    ),
+    pytest.param(
+        pool(affinity(requiredDuringSchedulingIgnoredDuringExecution={"nodeSelectorTerms": []})),
+        {Code.TYPE},
+        "minItems",
+        id="node-affinity-no-required-terms",
+    ),
+    pytest.param(
+        pool(affinity(preferredDuringSchedulingIgnoredDuringExecution=[{"weight": 1}])),
+        {Code.REQUIRED},
+        "required",
+        id="node-affinity-preference-missing",
+    ),
+    pytest.param(
+        pool(upstream({"cpu": 1}) | {"template": {"imagePullSecrets": [{}]}}),
+        {Code.REQUIRED},
+        "required",
+        id="pull-secret-without-name",
+    ),
     pytest.param(pool(flat(nodeSelector={"a": 1})), {Code.TYPE}, "type", id="int-label-value"),
     # Quantities are bounded (the API server's CEL cost estimate depends on it).
     pytest.param(pool(flat("1" * 65)), {Code.TYPE}, "maxLength", id="overlong-quantity"),

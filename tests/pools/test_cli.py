@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from substrate_gpu.cli import EXIT_FAILED, EXIT_INVALID, EXIT_OK, main
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pools"
 VALID = sorted((DATA / "valid").glob("*.yaml"))
+DEPLOY = DATA.parents[2] / "deploy"
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
@@ -44,7 +47,16 @@ def test_validate_warning_alone_exits_zero(capsys: pytest.CaptureFixture[str]) -
     """A warning is printed but does not fail validation."""
     code, _, err = run(capsys, "validate", DATA / "warnings" / "distroless.yaml")
     assert code == EXIT_OK
-    assert "warning: spec.ateomImage" in err and "nvidia-ctk" in err
+    assert "warning: spec.workerImage" in err and "nvidia-ctk" in err
+
+
+def test_validate_says_ateom_image_is_deprecated_and_still_exits_zero(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(capsys, "validate", DATA / "warnings" / "ateom-image.yaml")
+    assert code == EXIT_OK
+    assert "ateom-image.yaml: warning: spec.ateomImage: is deprecated" in err
+    assert out.endswith("1 document(s), 0 error(s), 1 warning(s)\n")
 
 
 def test_validate_bad_yaml_names_the_file_and_goes_on(capsys: pytest.CaptureFixture[str]) -> None:
@@ -109,26 +121,114 @@ def test_render_invalid_pool_prints_nothing_and_exits_three(
     assert "only supported when sandboxClass is 'gvisor'" in err
 
 
+@pytest.mark.parametrize("flag", ["--worker-image", "--ateom-image"])
 def test_render_uses_the_image_flag(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    flag: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """--ateom-image supplies the worker image for a pool that names none."""
-    monkeypatch.delenv("ATE_DEFAULT_ATEOM_IMAGE", raising=False)
-    code, out, _ = run(
-        capsys, "render", DATA / "valid" / "user-documented.yaml", "--ateom-image", "ateom:9"
-    )
+    """--worker-image (or its former name) supplies the image of a pool that names none."""
+    monkeypatch.delenv("ATE_DEFAULT_WORKER_IMAGE", raising=False)
+    code, out, _ = run(capsys, "render", DATA / "valid" / "user-documented.yaml", flag, "w:9")
     assert code == EXIT_OK
-    assert "image: ateom:9" in out
+    assert "image: w:9" in out
 
 
-def test_render_without_any_image_fails_clearly(
+def test_render_without_any_image_fails_clearly_for_a_cpu_pool(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A CPU pool without an image anywhere: exit 1, saying what to set."""
+    clear_controller_env(monkeypatch)
+    path = cpu_pool_without_image(tmp_path)
+    code, out, err = run(capsys, "render", path)
+    assert (code, out) == (EXIT_FAILED, "")
+    assert "ATE_DEFAULT_WORKER_IMAGE" in err and "--worker-image IMAGE" in err
+
+
+def test_render_gives_a_gpu_pool_without_an_image_this_versions_agent(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without an image anywhere, render exits 1 and says what to set."""
-    monkeypatch.delenv("ATE_DEFAULT_ATEOM_IMAGE", raising=False)
-    code, out, err = run(capsys, "render", DATA / "valid" / "user-documented.yaml")
-    assert (code, out) == (EXIT_FAILED, "")
-    assert "ATE_DEFAULT_ATEOM_IMAGE" in err and "--ateom-image IMAGE" in err
+    """The seed's pool, from a plain shell: the built-in substrate-gpu:<version>."""
+    clear_controller_env(monkeypatch)
+    code, out, _ = run(capsys, "render", DATA / "valid" / "user-documented.yaml")
+    assert code == EXIT_OK
+    assert f"image: substrate-gpu:{metadata.version('substrate-gpu')}\n" in out
+
+
+def clear_controller_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain shell: none of the controller's ATE_* settings."""
+    for name in [n for n in os.environ if n.startswith("ATE_")]:
+        monkeypatch.delenv(name)
+
+
+def cpu_pool_without_image(tmp_path: Path) -> Path:
+    path = tmp_path / "cpu.yaml"
+    text = (DATA / "valid" / "cpu-pool.yaml").read_text()
+    path.write_text("".join(line for line in text.splitlines(True) if "workerImage" not in line))
+    return path
+
+
+@pytest.mark.parametrize("path", sorted((DEPLOY / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_deploy_rendered_is_pool_render_from_a_plain_shell(
+    path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """deploy/rendered/X.yaml is exactly `substrate-gpu pool render deploy/examples/X.yaml`
+    with no ATE_* variable and no flag: anyone can reproduce it."""
+    clear_controller_env(monkeypatch)
+    code, out, _ = run(capsys, "render", path)
+    assert code == EXIT_OK
+    assert out == (DEPLOY / "rendered" / path.name).read_text()
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        pytest.param('spec:\n  resourceRequests: {nvidia.com/gpu: "1"}\n', id="spec-only"),
+        pytest.param("apiVersion: x\nkind: WorkerPool\nspec: {}\n", id="no-metadata"),
+        pytest.param("metadata:\nspec: {maxWorkers: 1}\n", id="empty-metadata"),
+    ],
+)
+@pytest.mark.parametrize("command", ["validate", "render"])
+def test_a_document_without_metadata_is_a_one_line_error_exit_three(
+    command: str, snippet: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The docs' MPS snippet pasted alone: an error line naming metadata, exit 3, no traceback."""
+    path = tmp_path / "snippet.yaml"
+    path.write_text(snippet)
+    code, out, err = run(capsys, command, path)
+    assert code == EXIT_INVALID
+    assert f"{path}: error: metadata: is required" in err
+    assert "Traceback" not in err and "AttributeError" not in err
+    if command == "render":
+        assert out == ""
+
+
+def test_validate_names_the_nearest_field_of_a_misspelt_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "typo.yaml"
+    path.write_text(
+        (DATA / "valid" / "user-documented.yaml").read_text().replace("maxWorkers", "maxWorker")
+    )
+    code, _, err = run(capsys, "validate", path)
+    assert code == EXIT_INVALID
+    assert "error: spec.maxWorker: unknown field: did you mean maxWorkers? (known: " in err
+
+
+def test_validate_refuses_a_misspelt_gpu_resource(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """nvidia.com/gpus: an error with the name meant, exit 3 (not a valid CPU pool)."""
+    path = tmp_path / "typo.yaml"
+    path.write_text(
+        (DATA / "valid" / "user-documented.yaml")
+        .read_text()
+        .replace("nvidia.com/gpu:", "nvidia.com/gpus:")
+    )
+    code, _, err = run(capsys, "validate", path)
+    assert code == EXIT_INVALID
+    assert (
+        "error: spec.resourceRequests: nvidia.com/gpus is not nvidia.com/gpu, one edit away: "
+        "did you mean nvidia.com/gpu?"
+    ) in err
 
 
 def test_render_forwards_the_driver_root(
@@ -200,43 +300,58 @@ def test_render_several_files_with_a_missing_one_exits_one(
 
 
 def test_render_several_files_names_the_pool_without_an_image(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A pool that cannot render (no image) is named with its file; nothing printed; exit 1."""
-    monkeypatch.delenv("ATE_DEFAULT_ATEOM_IMAGE", raising=False)
+    clear_controller_env(monkeypatch)
     code, out, err = run(
-        capsys, "render", DATA / "valid" / "cpu-pool.yaml", DATA / "valid" / "user-documented.yaml"
+        capsys, "render", DATA / "valid" / "mps-pool.yaml", cpu_pool_without_image(tmp_path)
     )
     assert (code, out) == (EXIT_FAILED, "")
-    assert "user-documented.yaml: error: while rendering WorkerPool" in err
+    assert "cpu.yaml: error: while rendering WorkerPool" in err
 
 
-def test_validate_warns_when_a_pool_has_no_image_and_none_is_configured(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_validate_warns_when_no_image_reaches_a_pool(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """No spec.ateomImage and no ATE_DEFAULT_ATEOM_IMAGE: render would refuse it, so warn."""
-    monkeypatch.delenv("ATE_DEFAULT_ATEOM_IMAGE", raising=False)
-    code, _, err = run(capsys, "validate", DATA / "valid" / "user-documented.yaml")
+    """A CPU pool without workerImage, none configured: render would refuse it, so warn."""
+    clear_controller_env(monkeypatch)
+    code, _, err = run(capsys, "validate", cpu_pool_without_image(tmp_path))
     assert code == EXIT_OK
-    assert "user-documented.yaml: warning: spec.ateomImage: not set" in err
-    assert "ATE_DEFAULT_ATEOM_IMAGE" in err and "--ateom-image" in err
+    assert "cpu.yaml: warning: spec.workerImage: not set" in err
+    assert "ATE_DEFAULT_WORKER_IMAGE" in err and "--worker-image" in err
 
 
 @pytest.mark.parametrize(
-    "configured",
-    [pytest.param(["--ateom-image", "ateom:9"], id="flag"), pytest.param([], id="env")],
+    ("configured", "env"),
+    [
+        pytest.param(["--worker-image", "w:9"], {}, id="flag"),
+        pytest.param([], {"ATE_DEFAULT_WORKER_IMAGE": "w:1"}, id="env"),
+        pytest.param([], {"ATE_DEFAULT_ATEOM_IMAGE": "w:1"}, id="env-former-name"),
+    ],
 )
 def test_validate_does_not_warn_about_the_image_when_one_is_configured(
     configured: list[str],
+    env: dict[str, str],
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
-    """A default image from the environment or --ateom-image covers pools that name none."""
-    monkeypatch.setenv("ATE_DEFAULT_ATEOM_IMAGE", "ateom:1")
-    if configured:
-        monkeypatch.delenv("ATE_DEFAULT_ATEOM_IMAGE")
-    _, _, err = run(capsys, "validate", DATA / "valid" / "user-documented.yaml", *configured)
-    assert "spec.ateomImage" not in err
+    """A default image from the environment or --worker-image covers pools that name none."""
+    clear_controller_env(monkeypatch)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    _, _, err = run(capsys, "validate", cpu_pool_without_image(tmp_path), *configured)
+    assert "spec.workerImage" not in err
+
+
+def test_validate_does_not_warn_about_a_gpu_pool_without_an_image(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seed's pool has the built-in agent image: nothing to warn about."""
+    clear_controller_env(monkeypatch)
+    code, _, err = run(capsys, "validate", DATA / "valid" / "user-documented.yaml")
+    assert (code, err) == (EXIT_OK, "")
 
 
 def test_deploy_files_without_the_examples_folder_exits_one(

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from pool_cases import IMAGE, pool
 
-from substrate_gpu.pools import GpuSharing, Toleration, WorkerPool, load_pool
-from substrate_gpu.pools.model import is_extended_resource
+from substrate_gpu.pools import (
+    GpuSharing,
+    Toleration,
+    WorkerPool,
+    load_pool,
+    read_documents,
+    validate_document,
+)
+from substrate_gpu.pools.model import (
+    NodeAffinity,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    is_extended_resource,
+)
 
 USER_DOC = pool(
     {
@@ -40,13 +53,13 @@ def test_flat_and_upstream_forms_give_the_same_pool() -> None:
             "resourceRequests": {"nvidia.com/gpu": "2", "cpu": "1"},
             "maxWorkers": 3,
             "annotations": {"k8s.v1.cni.cncf.io/networks": "gpu-net"},
-            "ateomImage": IMAGE,
+            "workerImage": IMAGE,
         }
     )
     upstream_form = pool(
         {
             "replicas": 3,
-            "ateomImage": IMAGE,
+            "workerImage": IMAGE,
             "template": {
                 "nodeSelector": {"accelerator": "nvidia-gpu"},
                 "annotations": {"k8s.v1.cni.cncf.io/networks": "gpu-net"},
@@ -74,7 +87,8 @@ def test_limit_only_gets_its_request() -> None:
     p = load_pool(
         pool({"replicas": 1, "template": {"resources": {"limits": {"nvidia.com/gpu": 4}}}})
     )
-    assert (dict(p.requests), p.gpu_count) == ({"nvidia.com/gpu": "4"}, 4)
+    assert (dict(p.effective_requests), p.gpu_count) == ({"nvidia.com/gpu": "4"}, 4)
+    assert dict(p.requests) == {}  # as written: replacing the limit leaves no stale request
 
 
 def test_upstream_fields_are_carried() -> None:
@@ -133,3 +147,69 @@ def test_cpu_pool_is_not_a_gpu_pool() -> None:
 def test_extended_resource_names(name: str, extended: bool) -> None:
     """Extended resources are told apart from native ones as Kubernetes does."""
     assert is_extended_resource(name) is extended
+
+
+VALID = sorted((Path(__file__).resolve().parents[1] / "data" / "pools" / "valid").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", VALID, ids=lambda p: p.stem)
+def test_a_pools_document_is_valid_and_gives_the_same_pool(path: Path) -> None:
+    """to_document() is a valid upstream-form WorkerPool that normalises back to the pool."""
+    for document in read_documents(path):
+        original = load_pool(document.content)
+        report = validate_document(original.to_document())
+        assert (report.errors, report.warnings) == ((), ())
+        assert load_pool(original.to_document()) == original
+
+
+def test_a_pool_built_in_python_is_frozen_whatever_it_was_given() -> None:
+    """Plain dicts and lists given to WorkerPool become read-only maps and tuples."""
+    labels = {"team": "a"}
+    p = WorkerPool(name="p", namespace="d", replicas=1, labels=labels, image_pull_secrets=["s"])
+    labels["team"] = "b"
+    assert dict(p.labels) == {"team": "a"}
+    assert p.image_pull_secrets == ("s",)
+    with pytest.raises(TypeError):
+        p.labels["x"] = "y"  # type: ignore[index]
+
+
+def test_a_pool_built_in_python_writes_the_upstream_form() -> None:
+    """The document names every field in the upstream form, and leaves defaults out."""
+    p = WorkerPool(
+        name="gpu",
+        namespace="agents",
+        replicas=2,
+        worker_image=IMAGE,
+        limits={"nvidia.com/gpu": "1"},
+        node_affinity=NodeAffinity(
+            required=(
+                NodeSelectorTerm(
+                    match_expressions=(NodeSelectorRequirement("zone", "In", ("a",)),)
+                ),
+            )
+        ),
+    )
+    assert p.to_document() == {
+        "apiVersion": "substrate.agent-substrate.github.com/v1alpha1",
+        "kind": "WorkerPool",
+        "metadata": {"name": "gpu", "namespace": "agents"},
+        "spec": {
+            "replicas": 2,
+            "sandboxClass": "gvisor",
+            "workerImage": IMAGE,
+            "template": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "zone", "operator": "In", "values": ["a"]}
+                                ]
+                            }
+                        ]
+                    }
+                },
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+            },
+        },
+    }

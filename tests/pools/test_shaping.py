@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from importlib import metadata
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ GPU_POOL = load_pool(
             "nodeSelector": {"accelerator": "nvidia-gpu"},
             "runtimeClassName": "nvidia",
             "annotations": {"k8s.v1.cni.cncf.io/networks": "gpu-net"},
-            "ateomImage": IMAGE,
+            "workerImage": IMAGE,
         },
         name="gpu-pool",
     )
@@ -120,7 +121,7 @@ def test_tolerations_are_carried() -> None:
         pool(
             {
                 "replicas": 1,
-                "ateomImage": IMAGE,
+                "workerImage": IMAGE,
                 "template": {
                     "tolerations": [
                         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -161,7 +162,7 @@ def test_gpu_worker_keeps_the_unprivileged_posture(word: str) -> None:
 )
 def test_non_gpu_pool_renders_as_without_the_gpu_feature(spec: dict[str, Any]) -> None:
     """A pool without GPUs renders exactly as with GPU shaping disabled."""
-    p = load_pool(pool({**spec, "ateomImage": IMAGE}))
+    p = load_pool(pool({**spec, "workerImage": IMAGE}))
     assert render_worker_deployment(p, SETTINGS) == render_worker_deployment(
         p, SETTINGS, gpu_shaping=False
     )
@@ -185,15 +186,101 @@ def test_gpu_shaping_only_adds() -> None:
     assert shaped == plain
 
 
-def test_pool_without_image_needs_the_controller_default() -> None:
-    """A pool without ateomImage renders with ATE_DEFAULT_ATEOM_IMAGE, or fails clearly."""
-    p = load_pool(pool({"maxWorkers": 1, "resourceRequests": {"nvidia.com/gpu": 1}}))
-    d = render_worker_deployment(
-        p, ControllerSettings.from_env({"ATE_DEFAULT_ATEOM_IMAGE": "ateom:1"})
+AGENT_IMAGE = f"substrate-gpu:{metadata.version('substrate-gpu')}"
+CPU_POOL = load_pool(pool({"replicas": 1, "template": {"resources": {"requests": {"cpu": 1}}}}))
+GPU_POOL_WITHOUT_IMAGE = load_pool(
+    pool({"maxWorkers": 1, "resourceRequests": {"nvidia.com/gpu": 1}})
+)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param({"ATE_DEFAULT_WORKER_IMAGE": "w:1"}, "w:1", id="controller-default"),
+        # The variable's former name is still read...
+        pytest.param({"ATE_DEFAULT_ATEOM_IMAGE": "a:1"}, "a:1", id="former-name"),
+        # ...and loses to the new one.
+        pytest.param(
+            {"ATE_DEFAULT_WORKER_IMAGE": "w:1", "ATE_DEFAULT_ATEOM_IMAGE": "a:1"},
+            "w:1",
+            id="both-names",
+        ),
+        # Without either, a GPU gVisor pool runs this version's agent image.
+        pytest.param({}, AGENT_IMAGE, id="built-in"),
+    ],
+)
+def test_a_gpu_pool_without_an_image_gets_the_controllers_or_the_built_in(
+    env: dict[str, str], expected: str
+) -> None:
+    d = render_worker_deployment(GPU_POOL_WITHOUT_IMAGE, ControllerSettings.from_env(env))
+    assert worker(d)["image"] == expected
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        pytest.param(CPU_POOL, id="cpu-pool"),
+        pytest.param(
+            load_pool(
+                pool(
+                    {
+                        "replicas": 1,
+                        "sandboxClass": "microvm",
+                        "template": {"resources": {"requests": {"cpu": 1}}},
+                    }
+                )
+            ),
+            id="microvm-pool",
+        ),
+    ],
+)
+def test_a_pool_whose_worker_is_not_the_agent_has_no_built_in_image(doc: object) -> None:
+    """A CPU or micro-VM worker is someone else's image: without one, rendering fails clearly."""
+    with pytest.raises(ConfigError, match="ATE_DEFAULT_WORKER_IMAGE"):
+        render_worker_deployment(doc, SETTINGS)  # type: ignore[arg-type]
+    d = render_worker_deployment(doc, ControllerSettings(default_image="w:1"))  # type: ignore[arg-type]
+    assert worker(d)["image"] == "w:1"
+
+
+def test_the_pools_own_image_wins() -> None:
+    assert (
+        worker(render_worker_deployment(GPU_POOL, ControllerSettings(default_image="w:1")))["image"]
+        == IMAGE
     )
-    assert worker(d)["image"] == "ateom:1"
-    with pytest.raises(ConfigError, match="ATE_DEFAULT_ATEOM_IMAGE"):
-        render_worker_deployment(p, SETTINGS)
+
+
+def test_node_affinity_and_pull_secrets_reach_the_pod() -> None:
+    """Upstream's template.nodeAffinity is the pod's affinity.nodeAffinity, as written."""
+    node_affinity = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+            ]
+        },
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 5,
+                "preference": {
+                    "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n1"]}]
+                },
+            }
+        ],
+    }
+    p = load_pool(
+        pool(
+            {
+                "replicas": 1,
+                "workerImage": IMAGE,
+                "template": {
+                    "nodeAffinity": node_affinity,
+                    "imagePullSecrets": [{"name": "registry"}],
+                },
+            }
+        )
+    )
+    spec = pod_spec(render_worker_deployment(p, SETTINGS))
+    assert spec["affinity"] == {"nodeAffinity": node_affinity}
+    assert spec["imagePullSecrets"] == [{"name": "registry"}]
 
 
 def test_replicas_come_from_max_workers() -> None:

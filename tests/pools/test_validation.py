@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pool_cases import IMAGE, SEMANTIC_CASES, STRUCTURAL_CASES, flat, pool, upstream
 
-from substrate_gpu.pools import Code, PoolValidationError, load_pool, validate_document
+from substrate_gpu.pools import Code, PoolValidationError, load_pool, schema, validate_document
+from substrate_gpu.pools.model import GPU_RESOURCES
 
 
 @pytest.mark.parametrize(("doc", "codes"), SEMANTIC_CASES)
@@ -69,6 +72,73 @@ def test_unknown_field_is_an_error() -> None:
     assert codes == [Code.UNKNOWN_FIELD]
 
 
+@pytest.mark.parametrize(
+    ("spec", "nearest"),
+    [
+        pytest.param(flat(maxWorker=3), "maxWorkers", id="spec"),
+        pytest.param(flat(workerimage=IMAGE), "workerImage", id="case"),
+        pytest.param(
+            upstream({"cpu": 1}) | {"template": {"tolerations": [{"efect": "NoSchedule"}]}},
+            "effect",
+            id="nested",
+        ),
+    ],
+)
+def test_an_unknown_field_names_the_nearest_known_one(spec: dict, nearest: str) -> None:
+    """A misspelt field's error suggests the field it is closest to, then lists them all."""
+    (problem,) = validate_document(pool(spec)).errors
+    assert problem.message.startswith(f"unknown field: did you mean {nearest}? (known: ")
+
+
+def test_an_unknown_field_far_from_every_known_one_only_lists_them() -> None:
+    (problem,) = validate_document(pool(flat(colour="blue"))).errors
+    assert problem.message.startswith("unknown field (known: nodeSelector, ")
+
+
+def test_a_gpu_typo_says_what_it_is_and_names_the_resource_meant() -> None:
+    """nvidia.com/gpus is refused as a misspelt nvidia.com/gpu, on the map it is in."""
+    (problem,) = validate_document(
+        pool({"resourceRequests": {"nvidia.com/gpus": "1"}, "maxWorkers": 10})
+    ).errors
+    assert (problem.path, problem.code) == ("spec.resourceRequests", Code.GPU_RESOURCE_TYPO)
+    assert problem.message == (
+        "nvidia.com/gpus is not nvidia.com/gpu, one edit away: did you mean nvidia.com/gpu? "
+        "(a misspelt GPU resource gets the workers no GPU)"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(GPU_RESOURCES))
+def test_no_recognised_gpu_resource_is_taken_for_a_typo(name: str) -> None:
+    """A recognised name is never a misspelling of another (other vendors are refused, but
+    for another reason)."""
+    codes = {p.code for p in validate_document(pool(upstream(None, {name: 1}))).errors}
+    assert Code.GPU_RESOURCE_TYPO not in codes
+
+
+def test_ateom_image_is_read_as_worker_image_with_a_deprecation_warning() -> None:
+    """The former name still works (same model), and says to write workerImage."""
+    old = validate_document(pool(flat(ateomImage=IMAGE)))
+    assert old.errors == ()
+    assert [(w.path, w.code) for w in old.warnings] == [("spec.ateomImage", Code.DEPRECATED_FIELD)]
+    assert "write workerImage" in old.warnings[0].message
+    assert load_pool(pool(flat(ateomImage=IMAGE))) == load_pool(pool(flat(workerImage=IMAGE)))
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        pytest.param({"spec": {"resourceRequests": {"nvidia.com/gpu": "1"}}}, id="spec-alone"),
+        pytest.param({"apiVersion": "x", "kind": "WorkerPool", "spec": {}}, id="no-metadata"),
+        pytest.param({"metadata": None, "spec": {"maxWorkers": 1}}, id="null-metadata"),
+        pytest.param({"metadata": ["p"], "spec": {"maxWorkers": 1}}, id="list-metadata"),
+    ],
+)
+def test_a_document_without_metadata_is_reported_not_raised(doc: dict) -> None:
+    """A spec pasted alone (a docs snippet) is an error naming metadata, not an exception."""
+    report = validate_document(doc)
+    assert "metadata" in [p.path for p in report.errors]
+
+
 def test_structural_and_semantic_problems_are_reported_together() -> None:
     """A type error in one field does not hide a semantic error in another."""
     doc = pool(flat("0", runtimeClassName=5))
@@ -98,19 +168,21 @@ def test_non_pools_are_refused_without_raising(doc: object) -> None:
 )
 def test_distroless_gpu_image_warns(image: str) -> None:
     """A GPU pool on a distroless image gets a warning, not an error."""
-    report = validate_document(pool(flat(ateomImage=image)))
+    report = validate_document(pool(flat(workerImage=image)))
     assert report.ok
-    assert [w.code for w in report.warnings] == [Code.DISTROLESS_IMAGE]
+    assert [(w.path, w.code) for w in report.warnings] == [
+        ("spec.workerImage", Code.DISTROLESS_IMAGE)
+    ]
 
 
 @pytest.mark.parametrize(
     "doc",
     [
         # A glibc image is fine.
-        pytest.param(pool(flat(ateomImage=IMAGE)), id="glibc-gpu"),
+        pytest.param(pool(flat(workerImage=IMAGE)), id="glibc-gpu"),
         # Without a GPU nvidia-ctk never runs: a distroless CPU worker is fine.
         pytest.param(
-            pool(upstream({"cpu": 1}) | {"ateomImage": "gcr.io/distroless/static"}),
+            pool(upstream({"cpu": 1}) | {"workerImage": "gcr.io/distroless/static"}),
             id="distroless-cpu",
         ),
     ],
@@ -157,3 +229,44 @@ def test_annotations_over_256_kib_are_refused(where: str, path: str) -> None:
     report = validate_document(doc(256 * 1024 + 1))
     assert [(p.path, p.code) for p in report.errors] == [(path, Code.ANNOTATIONS_TOO_LONG)]
     assert "262144 bytes" in report.errors[0].message
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+_FIELDS = st.sampled_from(
+    [
+        "apiVersion",
+        "kind",
+        "metadata",
+        "spec",
+        "name",
+        "annotations",
+        *schema.SPEC.properties,
+        "resources",
+        "requests",
+        "limits",
+        "tolerations",
+        "nodeAffinity",
+        "imagePullSecrets",
+        "nodeSelectorTerms",
+        "matchExpressions",
+        "preferredDuringSchedulingIgnoredDuringExecution",
+    ]
+)
+_POOLISH = st.recursive(
+    _JSON, lambda inner: st.dictionaries(_FIELDS, inner, max_size=4), max_leaves=20
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_POOLISH)
+def test_validation_never_raises(doc: object) -> None:
+    """Whatever a file holds (the pool's field names at any depth, any values), validation
+    reports problems and never raises."""
+    report = validate_document(doc)
+    assert report.ok or report.errors
