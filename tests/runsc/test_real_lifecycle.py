@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ import anyio
 import pytest
 from support import real_runsc as runsc_
 from support import runc_bundle
+from support.umask import umask
 
 from substrate_gpu import preflight
 from substrate_gpu.injection import bundle as bundle_
@@ -202,6 +204,31 @@ async def test_a_failing_checkpoint_leaves_actor_and_sandbox_where_runsc_says(
         await agent.submit(events.DeleteRequested(actor_id="f-1"))
         await agent.wait_for_state("f-1", "deleted", timeout=30)
     assert gvisor.listed() == []
+
+
+async def test_a_real_checkpoint_image_is_private_under_umask_022(gvisor: Gvisor) -> None:
+    """The image is the sandbox's memory: under the usual umask, every directory made for it
+    is 0700 and every file runsc (and the agent) wrote in it 0600."""
+    with umask(0o022):
+        async with gvisor.agent() as agent:
+            await _start(agent, "p-1", gvisor.counter_bundle())
+            await agent.wait_for_state("p-1", "running", timeout=30)
+            await agent.submit(events.SuspendRequested(actor_id="p-1"))
+            await agent.wait_for_state("p-1", "suspended", timeout=30)
+            view = agent.actor("p-1")
+            await agent.submit(events.DeleteRequested(actor_id="p-1"))
+            await agent.wait_for_state("p-1", "deleted", timeout=30)
+    assert view is not None and view.checkpoint is not None
+    image = Path(view.checkpoint)
+    made = [image, image.parent, image.parent.parent]  # <root>/<actor>/<seq>
+    assert [_mode(d) for d in made] == [0o700] * 3
+    files = {p.name: _mode(p) for p in image.iterdir()}
+    assert {"checkpoint.img", "pages.img", preflight.MANIFEST_NAME} <= set(files)
+    assert set(files.values()) == {0o600}, files
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
 
 
 async def test_a_good_checkpoint_without_leave_running_suspends(gvisor: Gvisor) -> None:
