@@ -487,3 +487,21 @@ async def test_a_chosen_image_directory_keeps_its_mode_and_its_files_are_private
             await agent.wait_for_state("a", "suspended", timeout=5)
     assert _mode(chosen) == 0o755
     assert _mode(chosen / "checkpoint.img") == 0o600
+
+
+async def test_an_image_directory_that_cannot_be_made_fails_the_checkpoint_before_runsc(
+    make_agent: MakeAgent, runtime: FakeRuntime, tmp_path: Path
+) -> None:
+    """A file where the checkpoint root should be: checkpoint_failed naming the directory,
+    no checkpoint asked of the runtime, the actor still running."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    async with make_agent(checkpoint_root=blocker) as agent:
+        await bring_to_running(agent, gpu=False)
+        await agent.submit(events.SuspendRequested(actor_id="a"))
+        await agent.wait_for_state("a", "running", timeout=5)
+        await agent.settle()
+        actor = agent.actor("a")
+    assert actor is not None and actor.state == "running"
+    assert f"while making checkpoint directory {blocker}/a/" in (actor.reason or "")
+    assert runtime.ops("checkpoint") == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import stat
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,29 +181,33 @@ class _OlderRunsc(driver.RunscDriver):
 
 @pytest.mark.parametrize("leave_running", [True, False], ids=["leave-running", "without"])
 async def test_a_failing_checkpoint_leaves_actor_and_sandbox_where_runsc_says(
-    gvisor: Gvisor, leave_running: bool
+    gvisor: Gvisor, leave_running: bool, require_root: None
 ) -> None:
-    """An image directory that cannot be made: checkpoint_failed; the actor is running
-    exactly when runsc says its sandbox is, and nothing is lost."""
+    """An image directory runsc cannot write in (a read-only mount): checkpoint_failed; the
+    actor is running exactly when runsc says its sandbox is, and nothing is lost."""
     runtime = gvisor.runtime if leave_running else _OlderRunsc(gvisor.runtime.config)
-    blocker = gvisor.tmp / "not-a-dir"
-    blocker.write_text("")
-    async with gvisor.agent(runtime=runtime, checkpoint_root=blocker) as agent:
-        async with agent.subscribe() as transitions:
-            await _start(agent, "f-1", gvisor.counter_bundle())
-            await agent.wait_for_state("f-1", "running", timeout=30)
-            await agent.submit(events.SuspendRequested(actor_id="f-1"))
-            async for t in transitions:
-                if t.trigger in {"checkpoint_failed", "checkpoint_written"}:
-                    outcome = t
-                    break
-        assert outcome.trigger == "checkpoint_failed"
-        assert "making directories at path provided" in (outcome.reason or "")
-        status = (await gvisor.runtime.state("f-1")).status
-        assert agent.state_of("f-1") == ("running" if status == "running" else "stopped")
-        assert status == "running"  # runsc failed before touching the sandbox
-        await agent.submit(events.DeleteRequested(actor_id="f-1"))
-        await agent.wait_for_state("f-1", "deleted", timeout=30)
+    image = gvisor.tmp / "read-only"
+    image.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(image)], check=True)
+    try:
+        async with gvisor.agent(runtime=runtime) as agent:
+            async with agent.subscribe() as transitions:
+                await _start(agent, "f-1", gvisor.counter_bundle())
+                await agent.wait_for_state("f-1", "running", timeout=30)
+                await agent.submit(events.SuspendRequested(actor_id="f-1", image_path=str(image)))
+                async for t in transitions:
+                    if t.trigger in {"checkpoint_failed", "checkpoint_written"}:
+                        outcome = t
+                        break
+            assert outcome.trigger == "checkpoint_failed"
+            assert "creating checkpoint state file" in (outcome.reason or "")
+            status = (await gvisor.runtime.state("f-1")).status
+            assert agent.state_of("f-1") == ("running" if status == "running" else "stopped")
+            assert status == "running"  # runsc failed before touching the sandbox
+            await agent.submit(events.DeleteRequested(actor_id="f-1"))
+            await agent.wait_for_state("f-1", "deleted", timeout=30)
+    finally:
+        subprocess.run(["umount", str(image)], check=True)
     assert gvisor.listed() == []
 
 
