@@ -43,8 +43,8 @@ class InMemoryRuntime:
         cuda_checkpoint_sequential: bool = False,
     ) -> None:
         print(f"  runtime: checkpoint {container_id} -> {image_path.name}")
-        # As runsc does: it creates the image directory (the agent writes its manifest there).
-        image_path.mkdir(parents=True)
+        # As runsc does: the image directory may exist (the agent makes it, 0700, first).
+        image_path.mkdir(parents=True, exist_ok=True)
         (image_path / "checkpoint.img").write_text(container_id)
 
     async def restore(

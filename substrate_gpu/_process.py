@@ -71,6 +71,7 @@ async def run_command(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     check: bool = True,
+    umask: int = -1,
 ) -> CommandResult:
     """Run ``argv`` to completion within ``timeout`` seconds.
 
@@ -78,6 +79,8 @@ async def run_command(
     worker w1"). Raises :class:`~substrate_gpu.exceptions.ExternalCommandError` when the
     command cannot be started, times out (its whole process group is killed), or, with
     ``check``, exits non-zero. Cancellation of the caller kills the process group too.
+    ``umask`` (when not negative) is the command's own, set in the child before it runs:
+    this process's umask is untouched.
     """
     args = tuple(str(a) for a in argv)
     with (
@@ -93,6 +96,7 @@ async def run_command(
                 env=dict(env) if env is not None else None,
                 cwd=cwd,
                 start_new_session=True,
+                umask=umask,
             )
         except OSError as e:
             raise exceptions.ExternalCommandError(

@@ -684,7 +684,7 @@ def write_manifest(image_path: Path, manifest: CheckpointManifest) -> Path:
     """Write the manifest atomically into the checkpoint's image directory; return its path."""
     path = image_path / MANIFEST_NAME
     try:
-        _atomic.write_atomically(path, manifest.to_json())
+        _atomic.write_atomically(path, manifest.to_json(), default_mode=0o600)
     except OSError as e:
         raise PreflightError(f"while writing checkpoint manifest {path}: {e}") from e
     return path

@@ -2,14 +2,16 @@
 
 Order of work, chosen so that a failure anywhere leaves ``config.json`` untouched:
 
-1. read and parse ``config.json``;
+1. read and parse ``config.json``, reached through real directories only and never
+   blocking (:mod:`substrate_gpu._bundle`: a symlink or a FIFO is refused, naming it);
 2. resolve every device node on the host (a missing node fails here, before any write);
 3. plan the edits (pure, :mod:`substrate_gpu.injection.oci`);
 4. if the bundle holds GPU nodes the plan does not grant (an earlier injection of other or
    more GPUs), refuse; else, if it already holds those device nodes, stop: injection is
    idempotent (one guard, :func:`oci.already_injected`, in that order);
 5. stage the SONAME links in the actor rootfs (confined to it; idempotent on retry);
-6. write ``config.json`` atomically (temp file, fsync, rename), keeping its mode.
+6. write ``config.json`` atomically (temp file, fsync, rename), keeping its mode, in the
+   directory it was read from (its descriptor, held since step 1).
 
 Step 6 is the commit point: a crash before it leaves the old config, after it the new one.
 The pod's pause/root container is never injected (it holds no GPU; runsc still needs
@@ -18,16 +20,14 @@ The pod's pause/root container is never injected (it holds no GPU; runsc still n
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
 
-from substrate_gpu import _atomic, _files, exceptions
+from substrate_gpu import _bundle, _files, exceptions
 from substrate_gpu._log import get_logger
 from substrate_gpu.injection import devices as devices_
 from substrate_gpu.injection import oci, toolkit
@@ -38,17 +38,6 @@ if TYPE_CHECKING:
     from substrate_gpu.rootfs.sonames import SonameCache
 
 log = get_logger(__name__)
-
-
-def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ValueError(f"the number {text} is out of range")
-    return value
 
 
 @dataclass(frozen=True)
@@ -166,55 +155,16 @@ class PlanCache:
 
 def read_config(bundle: Path) -> oci.OciConfig:
     """Parse ``<bundle>/config.json``; errors name the file and the problem."""
-    return _read_config(bundle)[0]
-
-
-#: The largest config.json read (a real one is a few KiB; runc's own are under 100 KiB).
-MAX_CONFIG_BYTES = 16 << 20
-
-_DIR_OPEN_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
-
-
-def _config_path(bundle: Path) -> str:
-    """``<bundle>/config.json`` as a string (no Path built per injection)."""
-    return f"{bundle}/config.json"
-
-
-def _read_config(bundle: Path) -> tuple[oci.OciConfig, int]:
-    """The parsed config and the file's permission bits (kept when it is rewritten)."""
-    path = _config_path(bundle)
     try:
-        raw, mode = _files.read_regular_file(
-            path, max_bytes=MAX_CONFIG_BYTES, what="a bundle's config.json"
-        )
-    except _files.NotReadable as e:
-        raise exceptions.InjectionError(
-            f"while injecting GPUs into bundle {bundle}: refusing {path}: {e}"
-        ) from e
-    except OSError as e:
-        raise exceptions.InjectionError(
-            f"while injecting GPUs into bundle {bundle}: cannot read {path}: {e.strerror or e}"
-        ) from e
-    try:
-        # Strict JSON, as runc reads it: no NaN/Infinity, no number beyond a double.
-        config = json.loads(raw.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite)
-        # A lone surrogate escape (\ud800) decodes but could never be written back.
-        encode_config(config)
-    except (ValueError, UnicodeError) as e:
-        raise exceptions.InjectionError(
-            f"while injecting GPUs into bundle {bundle}: {path} is not valid JSON: {e}"
-        ) from e
-    except RecursionError as e:  # json's answer to thousands of nested [ or {
-        raise exceptions.InjectionError(
-            f"while injecting GPUs into bundle {bundle}: {path} is not a usable OCI config:"
-            " its JSON is nested too deeply"
-        ) from e
-    if not isinstance(config, dict):
-        raise exceptions.InjectionError(
-            f"while injecting GPUs into bundle {bundle}: {path} is not a JSON object"
-        )
+        config, _ = _bundle.read_config(bundle)
+    except _bundle.BundleFileError as e:
+        raise exceptions.InjectionError(f"while injecting GPUs into bundle {bundle}: {e}") from e
     # Typed for what it should hold; nested values are checked where they are used.
-    return cast("oci.OciConfig", config), mode
+    return cast("oci.OciConfig", config)
+
+
+#: The largest config.json read (:mod:`substrate_gpu._bundle` holds the limit).
+MAX_CONFIG_BYTES = _bundle.MAX_CONFIG_BYTES
 
 
 def rootfs_of(bundle: Path, config: oci.OciConfig) -> Path:
@@ -228,15 +178,15 @@ def rootfs_of(bundle: Path, config: oci.OciConfig) -> Path:
     return bundle / path  # an absolute path replaces the bundle prefix
 
 
-def open_rootfs(bundle: Path, config: oci.OciConfig) -> int:
+def open_rootfs(bundle: Path, config: oci.OciConfig, bundle_fd: int) -> int:
     """An O_PATH descriptor of the bundle's rootfs, reached through real directories only.
 
-    ``root.path`` is walked one component at a time with ``O_NOFOLLOW`` (from the bundle
-    when relative, from ``/`` when absolute, as podman writes it): a symlink anywhere on
-    it is refused, or the SONAME links would land wherever it points, outside the bundle.
-    runc refuses such a rootfs too ("not an absolute path, or a symlink"). A relative path
-    must stay in the bundle (no leading ``..``). The bundle directory itself is the
-    agent's and is opened as given. The caller closes the descriptor.
+    ``root.path`` is walked one component at a time with ``O_NOFOLLOW`` (from the bundle's
+    descriptor ``bundle_fd`` when relative, from ``/`` when absolute, as podman writes
+    it): a symlink anywhere on it is refused, or the SONAME links would land wherever it
+    points, outside the bundle. runc refuses such a rootfs too ("not an absolute path, or
+    a symlink"). A relative path must stay in the bundle (no leading ``..``). The caller
+    closes the descriptor.
     """
     path = rootfs_of(bundle, config)
     root_path = str(config["root"]["path"])  # rootfs_of checked it is a non-empty string
@@ -246,42 +196,14 @@ def open_rootfs(bundle: Path, config: oci.OciConfig) -> int:
         raise exceptions.InjectionError(
             f"{where}: root.path {root_path!r} leaves the bundle; give an absolute path"
         )
-    fd = os.open("/" if root_path.startswith("/") else bundle, _DIR_OPEN_FLAGS)
     try:
-        for name in parts:
-            try:
-                child = os.open(name, _DIR_OPEN_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
-            except OSError as e:
-                problem = (
-                    f"{name!r} on its path is a symbolic link; the rootfs must be a real"
-                    " directory (runc refuses it too)"
-                    if _is_symlink(name, fd)
-                    else f"cannot open {name!r} on its path: {e.strerror or e}"
-                )
-                raise exceptions.InjectionError(f"{where}: {problem}") from e
-            os.close(fd)
-            fd = child
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _is_symlink(name: str, dir_fd: int) -> bool:
-    try:
-        return stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
-    except OSError:
-        return False
-
-
-def encode_config(config: oci.OciConfig) -> bytes:
-    """config.json bytes as we write them: compact UTF-8, like containerd and runc write them.
-
-    The standard library's ``json``: msgspec was ~0.1 ms faster per warm injection, next to
-    the hundreds of milliseconds of the ``runsc create`` that follows, and importing it was
-    ~16 ms of every ``substrate-gpu inject`` (issue 24).
-    """
-    return json.dumps(config, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        return _files.open_directory("/" if root_path.startswith("/") else bundle_fd, parts)
+    except _files.NotReadable as e:
+        raise exceptions.InjectionError(
+            f"{where}: {e}; the rootfs must be a real directory (runc refuses a link too)"
+        ) from e
+    except OSError as e:
+        raise exceptions.InjectionError(f"{where}: cannot open it: {e.strerror or e}") from e
 
 
 def inject_gpu(
@@ -291,6 +213,7 @@ def inject_gpu(
     options: InjectionOptions,
     soname_cache: SonameCache,
     plan_cache: PlanCache | None = None,
+    container: str | None = None,
 ) -> InjectionReport:
     """Inject the GPU edits into ``bundle``; see the module docstring for the guarantees.
 
@@ -299,11 +222,40 @@ def inject_gpu(
     (:func:`substrate_gpu.cdi.edits_for_devices`): only their device nodes get cgroup
     rules. Raises a subclass of :class:`~substrate_gpu.exceptions.InjectionError`;
     config.json is then untouched.
-    ``plan_cache`` (one per worker) lets later actors reuse the plan.
+    ``plan_cache`` (one per worker) lets later actors reuse the plan. ``container``: the
+    bundle is ``<bundle>/<container>`` (a sandbox's app container), a real directory of
+    ``bundle``, never a link out of it (:mod:`substrate_gpu._bundle`).
     """
     started = time.perf_counter()
-    bundle = bundle if isinstance(bundle, Path) else Path(bundle)
-    config, mode = _read_config(bundle)
+    target = Path(bundle) if container is None else Path(bundle) / container
+    try:
+        with _bundle.open_container(bundle, container) as opened:
+            return _inject(
+                opened,
+                target,
+                edits,
+                options=options,
+                soname_cache=soname_cache,
+                plan_cache=plan_cache,
+                started=started,
+            )
+    except _bundle.BundleFileError as e:
+        raise exceptions.InjectionError(f"while injecting GPUs into bundle {target}: {e}") from e
+
+
+def _inject(
+    opened: _bundle.ContainerBundle,
+    bundle: Path,
+    edits: model.ContainerEdits,
+    *,
+    options: InjectionOptions,
+    soname_cache: SonameCache,
+    plan_cache: PlanCache | None,
+    started: float,
+) -> InjectionReport:
+    raw_config, mode = opened.read_config()
+    # Typed for what it should hold; nested values are checked where they are used.
+    config = cast("oci.OciConfig", raw_config)
     bound = log.bind(bundle=str(bundle))
     if oci.is_sandbox_container(config):
         bound.info("gpu_injection_skipped", reason="pod sandbox (pause) container")
@@ -323,7 +275,7 @@ def inject_gpu(
     )
     kept, skipped = plan.hook_subcommands, plan.skipped_hook_names
     # Refuses a bundle holding GPUs the plan does not grant, before calling it done.
-    if oci.already_injected(config, plan, where=_config_path(bundle)):
+    if oci.already_injected(config, plan, where=opened.config_path):
         bound.info("gpu_injection_skipped", reason="bundle already holds the GPU devices")
         return InjectionReport(
             bundle=bundle,
@@ -340,7 +292,7 @@ def inject_gpu(
     links: staging.StagingReport | None = None
     if options.stage_soname_links and plan.libraries:
         rootfs = rootfs_of(bundle, config)
-        root_fd = open_rootfs(bundle, config)
+        root_fd = open_rootfs(bundle, config, opened.fd)
         try:
             links = staging.stage_soname_links(
                 rootfs, plan.libraries, cache=soname_cache, log=bound, root_fd=root_fd
@@ -348,15 +300,8 @@ def inject_gpu(
         finally:
             os.close(root_fd)
 
-    new_config = oci.apply_plan(config, plan, in_place=True)
-    path = _config_path(bundle)
-    try:
-        _atomic.write_atomically(path, encode_config(new_config), mode=mode)
-    except OSError as e:
-        raise exceptions.InjectionError(
-            f"while injecting GPUs into bundle {bundle}: cannot write {path}: "
-            f"{e.strerror or e}; the previous config.json is intact"
-        ) from e
+    # The commit point: atomic, in the directory the config was read from.
+    opened.write_config(oci.apply_plan(config, plan, in_place=True), mode)
     report = InjectionReport(
         bundle=bundle,
         outcome="injected",

@@ -114,9 +114,10 @@ class WorkerGpuInjector:
         return await self._generator.ensure_spec()
 
     async def inject(
-        self, bundle: Path, *, devices: Sequence[str] | None = None
+        self, bundle: Path, *, devices: Sequence[str] | None = None, container: str | None = None
     ) -> bundle_.InjectionReport:
-        """Inject ``devices`` (qualified CDI names; ``None``: all GPUs) into ``bundle``."""
+        """Inject ``devices`` (qualified CDI names; ``None``: all GPUs) into ``bundle``, or
+        into ``<bundle>/<container>`` (never through a link)."""
         edits = await self.edits() if devices is None else await self.edits_for(devices)
         # Abandonable: a step stuck in the kernel must not outlive the effect's timeout.
         report = await _blocking.run_abandonable(
@@ -127,6 +128,7 @@ class WorkerGpuInjector:
                 options=self.options,
                 soname_cache=self.soname_cache,
                 plan_cache=self.plan_cache,
+                container=container,
             ),
             name="substrate-gpu inject",
         )
@@ -136,6 +138,9 @@ class WorkerGpuInjector:
                 self.metrics.injection_hook_skipped(hook)
         return report
 
-    async def __call__(self, bundle: Path, *, devices: Sequence[str] | None = None) -> int:
-        """Inject into ``bundle``; the number of device nodes it now holds from the spec."""
-        return len((await self.inject(bundle, devices=devices)).devices)
+    async def __call__(
+        self, bundle: Path, *, devices: Sequence[str] | None = None, container: str | None = None
+    ) -> int:
+        """Inject into ``bundle`` (or its ``container``'s); the number of device nodes it
+        now holds from the spec."""
+        return len((await self.inject(bundle, devices=devices, container=container)).devices)

@@ -37,6 +37,8 @@ Decisions worth knowing:
   attempt never overwrites the last good image the actor can be recovered from. A suspend
   naming its ``image_path`` writes there instead, refused (``checkpoint_failed``, the
   sandbox untouched) when that directory already holds a ``checkpoint.img``.
+- An image is the sandbox's memory: the directories made for it are 0700 and its files
+  0600 before ``checkpoint_written``, whatever the umask (:mod:`substrate_gpu._private`).
 - A successful checkpoint is followed by ``delete --force`` (``--leave-running`` resumed the
   sandbox; without it the stopped container still holds the id a restore needs).
 """
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +55,7 @@ from typing import Protocol
 
 import structlog
 
-from substrate_gpu import cudackpt, exceptions, preflight
+from substrate_gpu import _blocking, _private, cudackpt, exceptions, preflight
 from substrate_gpu.lifecycle import allocation, errors, events, registry, sandbox, verify
 from substrate_gpu.lifecycle import gpu as gpu_
 from substrate_gpu.lifecycle.actors import ActorView
@@ -73,10 +76,14 @@ DEFAULT_TIMEOUTS: Mapping[str, float] = registry.DEFAULT_TIMEOUTS
 class GpuInjector(Protocol):
     """Injects the worker's GPUs into an OCI bundle (idempotent)."""
 
-    async def __call__(self, bundle: Path, *, devices: Sequence[str] | None = None) -> int:
+    async def __call__(
+        self, bundle: Path, *, devices: Sequence[str] | None = None, container: str | None = None
+    ) -> int:
         """Edit ``bundle``/config.json in place; return the number of device nodes injected.
 
-        ``devices``: the qualified CDI names the allocator granted; ``None``: all GPUs."""
+        ``devices``: the qualified CDI names the allocator granted; ``None``: all GPUs.
+        ``container``: a sandbox's app container, whose bundle is ``bundle``/``container``
+        (a real directory, never a link out of ``bundle``); only passed for sandboxes."""
         ...
 
 
@@ -134,13 +141,14 @@ async def _inject(ctx: EffectContext, actor: ActorView) -> int:
     """Inject the actor's GPUs into its bundle, or into every app container's bundle of a
     sandbox (the same GPUs each; ``_pause`` never): the device nodes injected, in all."""
     devices = _granted(actor)
-    bundles = sandbox.app_bundles(actor) if sandbox.is_sandbox(actor) else (Path(actor.bundle),)
-    injected = 0
-    for bundle in bundles:
+    bundle = Path(actor.bundle)
+    if not sandbox.is_sandbox(actor):
         if devices is None:
-            injected += await ctx.injector(bundle)
-        else:
-            injected += await ctx.injector(bundle, devices=devices)
+            return await ctx.injector(bundle)
+        return await ctx.injector(bundle, devices=devices)
+    injected = 0
+    for name in actor.containers:
+        injected += await ctx.injector(bundle, devices=devices, container=name)
     return injected
 
 
@@ -388,6 +396,16 @@ async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) 
         )
     features = await _features_of(runtime, container)
     try:
+        await _blocking.run_abandonable(
+            functools.partial(_private.make_private_dirs, image), name="substrate-gpu image dir"
+        )
+    except OSError as e:
+        return events.CheckpointFailed(
+            actor_id=actor_id,
+            message=f"while making checkpoint directory {image}: {e.strerror or e}",
+            sandbox_survived=True,
+        )
+    try:
         # A sandbox's checkpoint is its _pause's: every container in the one image.
         await runtime.checkpoint(
             container,
@@ -421,6 +439,17 @@ async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) 
             sandbox_survived=await _sandbox_runs(ctx, actor),
         )
     _write_manifest(ctx, actor, image, features, held)
+    try:
+        # The image is the sandbox's memory: private before it is reported written.
+        await _blocking.run_abandonable(
+            functools.partial(_private.make_files_private, image), name="substrate-gpu image"
+        )
+    except OSError as e:
+        return events.CheckpointFailed(
+            actor_id=actor_id,
+            message=f"while making checkpoint {image} private: {e.strerror or e}",
+            sandbox_survived=await _sandbox_runs(ctx, actor),
+        )
     # The image is good; the sandbox (resumed by --leave-running, or stopped) must go so the
     # id is free for the restore. A failure here leaves a container the next restore deletes.
     await _delete_quietly(ctx, actor)

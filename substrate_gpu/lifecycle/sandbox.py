@@ -16,7 +16,9 @@ Decisions worth knowing (seen on the pinned runsc, ``tests/runsc/test_real_sandb
   ``_pause``, ``container`` on the others with ``io.kubernetes.cri.sandbox-id: _pause``
   (what makes runsc join a container to the root's sandbox instead of booting another).
   Written atomically and only when missing or different, so a bundle that already carries
-  them (atelet writes them) is left byte-for-byte as it was.
+  them (atelet writes them) is left byte-for-byte as it was; read and written in a thread,
+  confined to the bundle directory (a container directory that is a link, or a
+  config.json that is a FIFO, fails the effect naming it: :mod:`substrate_gpu._bundle`).
 - **``--nvproxy``** for a GPU actor on ``_pause``'s ``create`` (the sandbox boots there, and
   runsc's auto-detection never fires for a container without NVIDIA devices: without it the
   GPU container crashes the sentry when it joins) and on every ``restore``; the app
@@ -37,12 +39,11 @@ Decisions worth knowing (seen on the pinned runsc, ``tests/runsc/test_real_sandb
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from substrate_gpu import _atomic, exceptions
+from substrate_gpu import _blocking, _bundle, exceptions
 from substrate_gpu.lifecycle import events, registry
 from substrate_gpu.lifecycle.actors import ActorView
 from substrate_gpu.runsc import api as runsc
@@ -90,11 +91,6 @@ def is_sandbox(actor: ActorView) -> bool:
     return bool(actor.containers)
 
 
-def app_bundles(actor: ActorView) -> tuple[Path, ...]:
-    """The app containers' bundles: where a sandbox actor's GPUs go (never ``_pause``)."""
-    return tuple(Path(actor.bundle) / name for name in actor.containers)
-
-
 def of(runtime: runsc.SandboxRuntime, actor: ActorView) -> Sandbox:
     """The sandbox of ``actor`` on ``runtime``; :class:`SandboxError` when the runtime has
     no per-actor roots (a sandbox's container names would meet another actor's)."""
@@ -122,48 +118,56 @@ def cri_annotations(name: str) -> dict[str, str]:
     return {CONTAINER_TYPE: "container", SANDBOX_ID: PAUSE}
 
 
-def annotated(config: bytes, name: str) -> bytes | None:
-    """``config`` (a config.json's bytes) with container ``name``'s CRI annotations, or None
-    when it has them already. ValueError when it is no JSON object with an object of
-    annotations."""
-    parsed = json.loads(config)
-    if not isinstance(parsed, dict):
-        raise ValueError("it is not a JSON object")  # noqa: TRY004 (reported as the file's)
-    annotations = parsed.get("annotations") or {}
+def annotated(config: Mapping[str, object], name: str) -> dict[str, object] | None:
+    """``config`` (a parsed config.json) with container ``name``'s CRI annotations, or None
+    when it has them already. ValueError when its annotations are not an object."""
+    annotations = config.get("annotations") or {}
     if not isinstance(annotations, dict):
-        raise ValueError("its 'annotations' is not an object")  # noqa: TRY004 (same)
+        raise ValueError("its 'annotations' is not an object")  # noqa: TRY004 (the file's)
     wanted = cri_annotations(name)
     if all(annotations.get(k) == v for k, v in wanted.items()):
         return None
-    parsed["annotations"] = {**annotations, **wanted}
-    return json.dumps(parsed, indent=2).encode() + b"\n"
+    return {**config, "annotations": {**annotations, **wanted}}
 
 
-def ensure_annotations(bundle: Path, name: str) -> bool:
-    """Give ``bundle``/config.json the CRI annotations of container ``name``; True when the
-    file was rewritten (atomically, its mode kept), False when it already had them (left
-    byte-for-byte as it was).
+def ensure_annotations(bundle_dir: Path, name: str) -> bool:
+    """Give ``<bundle_dir>/<name>/config.json`` the CRI annotations of container ``name``;
+    True when the file was rewritten (atomically, its mode kept), False when it already had
+    them (left byte-for-byte as it was).
 
-    Raises :class:`SandboxError` naming the container when the config cannot be read,
-    parsed or written.
+    The container's directory is a real one of ``bundle_dir`` and config.json a regular
+    file, read without blocking (:mod:`substrate_gpu._bundle`): a link or a FIFO is refused.
+    This blocks; on the event loop, run it in a thread (as :func:`create` and
+    :func:`restore` do). Raises :class:`SandboxError` naming the container when the config
+    cannot be read, parsed or written.
     """
-    path = bundle / "config.json"
-    doing = f"while annotating container {name}'s bundle: {path}"
+    doing = f"while annotating container {name}'s bundle"
     try:
-        rewritten = annotated(path.read_bytes(), name)
-        if rewritten is None:
-            return False
-        _atomic.write_atomically(path, rewritten)
-    except OSError as e:
-        raise SandboxError(f"{doing}: {e.strerror or e}", name) from e
-    except ValueError as e:
-        raise SandboxError(f"{doing} is not an OCI config: {e}", name) from e
+        with _bundle.open_container(bundle_dir, name) as bundle:
+            config, mode = bundle.read_config()
+            try:
+                rewritten = annotated(config, name)
+            except ValueError as e:
+                raise SandboxError(
+                    f"{doing}: {bundle.config_path} is not an OCI config: {e}", name
+                ) from e
+            if rewritten is None:
+                return False
+            bundle.write_config(rewritten, mode)
+    except _bundle.BundleFileError as e:
+        raise SandboxError(f"{doing}: {e}", name) from e
     return True
 
 
-def _annotate(sandbox: Sandbox) -> None:
-    for name in sandbox.containers:
-        ensure_annotations(sandbox.bundle_of(name), name)
+async def _annotate(sandbox: Sandbox) -> None:
+    """Every container's annotations, in a thread (file I/O never runs on the event loop;
+    abandoned, like any blocking step, if the effect is cancelled)."""
+
+    def annotate_all() -> None:
+        for name in sandbox.containers:
+            ensure_annotations(sandbox.bundle, name)
+
+    await _blocking.run_abandonable(annotate_all, name="substrate-gpu annotate")
 
 
 # --- the effects' orders --------------------------------------------------------------------
@@ -191,7 +195,7 @@ async def _create_pause(sandbox: Sandbox, *, nvproxy: bool) -> None:
 async def create(sandbox: Sandbox, *, nvproxy: bool) -> None:
     """``create _pause`` (``--nvproxy`` for a GPU sandbox), ``start _pause``, ``create``
     each app. On a failure, what was made is deleted and :class:`SandboxError` raised."""
-    _annotate(sandbox)
+    await _annotate(sandbox)
     runtime = sandbox.runtime
     made: list[str] = []
     step, name = "creating", PAUSE
@@ -244,7 +248,7 @@ async def restore(sandbox: Sandbox, image: Path, *, nvproxy: bool) -> None:
     """``create`` + ``restore --detach`` of ``_pause``, then of each app, all from ``image``
     (``--nvproxy`` on each for a GPU sandbox). On a failure, what was made is deleted and
     :class:`SandboxError` raised."""
-    _annotate(sandbox)
+    await _annotate(sandbox)
     runtime = sandbox.runtime
     made: list[str] = []
     for name in sandbox.containers:

@@ -131,7 +131,8 @@ class SandboxRuntime(Protocol):
         cuda_checkpoint_sequential: bool = False,
     ) -> None:
         """``runsc --root R checkpoint --image-path DIR [--leave-running]
-        [--cuda-checkpoint-path P [--cuda-checkpoint-sequential]] ID``."""
+        [--cuda-checkpoint-path P [--cuda-checkpoint-sequential]] ID``. ``DIR`` may exist
+        already, empty (the checkpoint effect makes it 0700 before asking)."""
         ...
 
     async def restore(

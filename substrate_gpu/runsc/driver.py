@@ -32,7 +32,7 @@ from typing import cast, get_args
 
 import anyio
 
-from substrate_gpu import _blocking, _process, exceptions
+from substrate_gpu import _blocking, _private, _process, exceptions
 from substrate_gpu.runsc import api, argv, errors
 from substrate_gpu.runsc import argv as _command_lines  # ``exec``'s parameter shadows ``argv``
 
@@ -199,10 +199,10 @@ class RunscDriver:
         return RunscDriver(config, parent=self._parent or self)
 
     async def _run(
-        self, args: tuple[str, ...], *, timeout: float, doing: str
+        self, args: tuple[str, ...], *, timeout: float, doing: str, umask: int = -1
     ) -> _process.CommandResult:
         try:
-            return await _process.run_command(args, timeout=timeout, what=doing)
+            return await _process.run_command(args, timeout=timeout, what=doing, umask=umask)
         except exceptions.ExternalCommandError as e:
             raise errors.from_command_error(e) from e
 
@@ -327,6 +327,10 @@ class RunscDriver:
         Without ``leave_running`` a *successful* checkpoint stops the sandbox (it stays
         ``stopped`` until deleted), and so does a *failed* one. Use a fresh ``image_path``
         per attempt: runsc refuses to overwrite an existing ``checkpoint.img``.
+
+        runsc runs with umask 077 (its own, not the agent's): the image is the sandbox's
+        memory, and runsc creates its files 0644 and a missing directory 0755 less the
+        umask, so they are 0600 and 0700 from the first byte (:mod:`substrate_gpu._private`).
         """
         await self._run(
             argv.checkpoint(
@@ -339,6 +343,7 @@ class RunscDriver:
             ),
             timeout=self.config.timeouts.checkpoint,
             doing=f"checkpointing container {container_id}",
+            umask=_private.UMASK,
         )
 
     async def restore(

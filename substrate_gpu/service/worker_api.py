@@ -47,7 +47,7 @@ import grpc.aio
 import structlog
 from google.protobuf import message
 
-from substrate_gpu import _defaults, exceptions
+from substrate_gpu import _blocking, _defaults, _private, exceptions
 from substrate_gpu.injection import devices
 from substrate_gpu.lifecycle import Agent, actors, errors, events, hooks
 from substrate_gpu.service import _socketfile, cgroup_stats, protocol, worker_requests
@@ -212,7 +212,7 @@ class WorkerService:
     async def RunWorkload(self, request: pb.RunWorkloadRequest) -> pb.RunWorkloadResponse:
         """Register a new activation of the sandbox and run it; OK once it is running."""
         uid = self._begin(request.actor_uid)
-        workload = self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
+        workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
         self._runsc.check(request.runsc_path)
         async with self._locks.held(uid):
             actor_id = await self._activate(uid, request, workload)
@@ -225,7 +225,7 @@ class WorkerService:
         """Register a new activation and restore it from ``actor_dirs.restore_dir``."""
         uid = self._begin(request.actor_uid)
         self._full_scope(request.scope, "RestoreWorkload")
-        workload = self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
+        workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
         image = worker_requests.check_dir(request.actor_dirs.restore_dir, "actor_dirs.restore_dir")
         if not (image / "checkpoint.img").is_file():
             raise worker_requests.BadRequest(
@@ -264,7 +264,12 @@ class WorkerService:
                     "only a running workload is checkpointed",
                 )
             try:
-                Path(directory).mkdir(mode=0o700, parents=True, exist_ok=True)
+                # 0700 when made here; atelet's own directory keeps its mode (the files
+                # runsc writes in it are 0600 whatever it is: substrate_gpu._private).
+                await _blocking.run_abandonable(
+                    functools.partial(_private.make_private_dirs, Path(directory)),
+                    name="substrate-gpu checkpoint dir",
+                )
             except OSError as e:
                 raise worker_requests.BadRequest(
                     f"actor_dirs.checkpoint_dir {directory!r} cannot be made: {e.strerror or e}"
@@ -297,14 +302,14 @@ class WorkerService:
         view = self._live(uid)
         if view is None:
             raise CallError(grpc.StatusCode.NOT_FOUND, f"this worker is not executing {uid!r}")
-        return pb.GetWorkloadStatsResponse(sample=self._sample(view))
+        return pb.GetWorkloadStatsResponse(sample=await self._sample(view))
 
     async def GetActiveWorkloadStats(
         self, request: pb.GetActiveWorkloadStatsRequest
     ) -> pb.GetActiveWorkloadStatsResponse:
         """A sample per live activation (empty: this worker executes nothing)."""
         views = [v for v in self._agent.actors() if self._uid_of(v) and v.state != "deleted"]
-        return pb.GetActiveWorkloadStatsResponse(samples=[self._sample(v) for v in views])
+        return pb.GetActiveWorkloadStatsResponse(samples=[await self._sample(v) for v in views])
 
     # --- the machine ------------------------------------------------------------------------
 
@@ -332,8 +337,12 @@ class WorkerService:
                 f"scope {scope} is not a snapshot scope: give SNAPSHOT_SCOPE_FULL"
             )
 
-    def _workload(self, bundle_dir: str, spec: pb.WorkloadSpec) -> worker_requests.Workload:
-        return worker_requests.read_workload(bundle_dir, [c.name for c in spec.containers])
+    async def _workload(self, bundle_dir: str, spec: pb.WorkloadSpec) -> worker_requests.Workload:
+        names = [c.name for c in spec.containers]
+        return await _blocking.run_abandonable(
+            functools.partial(worker_requests.read_workload, bundle_dir, names),
+            name="substrate-gpu read bundles",
+        )
 
     @staticmethod
     def _uid_of(view: actors.ActorView) -> str:
@@ -371,8 +380,15 @@ class WorkerService:
             actor_id = await self._register(request, workload)
         finally:
             self._admitting.discard(uid)
-        self._cgroups[actor_id] = worker_requests.apply_size(
-            workload.bundle_dir, actor_id, request.cpu_milli, request.memory_bytes
+        self._cgroups[actor_id] = await _blocking.run_abandonable(
+            functools.partial(
+                worker_requests.apply_size,
+                workload.bundle_dir,
+                actor_id,
+                request.cpu_milli,
+                request.memory_bytes,
+            ),
+            name="substrate-gpu size bundle",
         )
         return actor_id
 
@@ -509,7 +525,7 @@ class WorkerService:
 
     # --- stats --------------------------------------------------------------------------------
 
-    def _sample(self, view: actors.ActorView) -> pb.WorkloadStatsSample:
+    async def _sample(self, view: actors.ActorView) -> pb.WorkloadStatsSample:
         identity = view.identity
         sample = pb.WorkloadStatsSample(
             sandbox_class=pb.SANDBOX_CLASS_GVISOR,
@@ -521,7 +537,7 @@ class WorkerService:
             actor_template_atespace=identity.get("actor_template_atespace", ""),
             actor_template_name=identity.get("actor_template_name", ""),
         )
-        cgroup = self._cgroup_of(view)
+        cgroup = await self._cgroup_of(view)
         reading = (
             cgroup_stats.read(cgroup, self._cgroup_root)
             if cgroup is not None and view.state not in {"registered", "bundle_prepared"}
@@ -535,13 +551,17 @@ class WorkerService:
             sample.cpu_usage_usec = reading.cpu_usage_usec
         return sample
 
-    def _cgroup_of(self, view: actors.ActorView) -> str | None:
+    async def _cgroup_of(self, view: actors.ActorView) -> str | None:
         """The sandbox's cgroup: set at Run/Restore, else read back from ``_pause``'s bundle
-        (an agent restarted on its log); None when not an absolute cgroupfs path."""
+        (an agent restarted on its log; in a thread); None when not an absolute cgroupfs
+        path."""
         if view.actor_id not in self._cgroups:
             path = None
             with contextlib.suppress(worker_requests.BadRequest):
-                config = worker_requests.read_pause_config(Path(view.bundle))
+                config = await _blocking.run_abandonable(
+                    functools.partial(worker_requests.read_pause_config, Path(view.bundle)),
+                    name="substrate-gpu read bundle",
+                )
                 linux = config.get("linux")
                 if isinstance(linux, dict) and isinstance(linux.get("cgroupsPath"), str):
                     path = linux["cgroupsPath"]

@@ -2,8 +2,10 @@
 
 Pure where it can be: :func:`check_uid`, :func:`check_containers` and :func:`sized` work on
 values; :func:`read_workload` and :func:`apply_size` read and write the bundles atelet
-prepared. Every refusal is a :class:`BadRequest` naming the request field (or the file) at
-fault, which the servicer answers with ``INVALID_ARGUMENT``.
+prepared, confined to ``actor_dirs.oci_bundle_dir`` (:mod:`substrate_gpu._bundle`: a link
+anywhere under it, or a FIFO for a config.json, is refused at once) and in a thread (the
+servicer runs them off the event loop). Every refusal is a :class:`BadRequest` naming the
+request field (or the file) at fault, which the servicer answers with ``INVALID_ARGUMENT``.
 """
 
 from __future__ import annotations
@@ -14,9 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-import msgspec
-
-from substrate_gpu import _atomic, exceptions
+from substrate_gpu import _bundle, exceptions
 from substrate_gpu.cdi import names
 from substrate_gpu.lifecycle import events
 
@@ -33,7 +33,6 @@ CDI_ANNOTATION_PREFIX: Final = "cdi.k8s.io/"
 CPU_PERIOD_USEC: Final = 100_000
 #: Where a sandbox's cgroup goes when its root bundle names none (see :func:`apply_size`).
 CGROUP_PARENT: Final = "/substrate-gpu"
-MAX_CONFIG_BYTES: Final = 4 * 1024 * 1024
 
 
 class BadRequest(exceptions.SubstrateGpuError):
@@ -97,14 +96,18 @@ def check_dir(path: str, field: str) -> Path:
 
 
 def read_workload(bundle_dir: str, container_names: Sequence[str]) -> Workload:
-    """Check every bundle of the sandbox exists and read the app containers' CDI requests."""
+    """Check every bundle of the sandbox exists and read the app containers' CDI requests.
+
+    Blocks (file I/O: run it in a thread); each container's directory must be a real one of
+    the bundle directory and its config.json a regular file (:mod:`substrate_gpu._bundle`).
+    """
     root = check_dir(bundle_dir, "actor_dirs.oci_bundle_dir")
     containers = check_containers(container_names)
-    _read_config(root / PAUSE)
+    _read_config(root, PAUSE)
     requested: dict[str, None] = {}
     for name in containers:
-        config = _read_config(root / name)
-        for device in cdi_requests(config, root / name / "config.json"):
+        config = _read_config(root, name)
+        for device in cdi_requests(config, root / name / _bundle.CONFIG):
             requested.setdefault(device)
     return Workload(containers=containers, bundle_dir=root, gpu_names=tuple(requested))
 
@@ -162,38 +165,31 @@ def sized(config: dict[str, object], cpu_milli: int, memory_bytes: int, cgroup: 
 
 
 def apply_size(bundle_dir: Path, actor_id: str, cpu_milli: int, memory_bytes: int) -> str:
-    """:func:`sized` on ``_pause``'s config.json (rewritten atomically); the sandbox's cgroup."""
-    path = bundle_dir / PAUSE / "config.json"
-    config = _read_config(bundle_dir / PAUSE)
-    cgroup = sized(config, cpu_milli, memory_bytes, f"{CGROUP_PARENT}/{actor_id}")
+    """:func:`sized` on ``_pause``'s config.json (rewritten atomically, in the directory it
+    was read from); the sandbox's cgroup. Blocks: run it in a thread."""
     try:
-        _atomic.write_atomically(path, msgspec.json.encode(config))
-    except OSError as e:
-        raise BadRequest(f"while writing {path}: {e.strerror or e}") from e
+        with _bundle.open_container(bundle_dir, PAUSE) as bundle:
+            config, mode = bundle.read_config()
+            cgroup = sized(config, cpu_milli, memory_bytes, f"{CGROUP_PARENT}/{actor_id}")
+            bundle.write_config(config, mode)
+    except _bundle.BundleFileError as e:
+        raise _bad_bundle(e) from e
     return cgroup
 
 
 def read_pause_config(bundle_dir: Path) -> dict[str, object]:
-    """``_pause``'s config.json in ``bundle_dir``."""
-    return _read_config(bundle_dir / PAUSE)
+    """``_pause``'s config.json in ``bundle_dir``. Blocks: run it in a thread."""
+    return _read_config(bundle_dir, PAUSE)
 
 
-def _read_config(bundle: Path) -> dict[str, object]:
-    path = bundle / "config.json"
+def _read_config(bundle_dir: Path, container: str) -> dict[str, object]:
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as e:
-        raise BadRequest(
-            f"actor_dirs.oci_bundle_dir: {path} cannot be read ({e.strerror or e}); "
-            f"every container, {PAUSE} included, needs its bundle there"
-        ) from e
-    if len(data) > MAX_CONFIG_BYTES:
-        raise BadRequest(f"{path} is larger than {MAX_CONFIG_BYTES} bytes")
-    try:
-        config = msgspec.json.decode(data)
-    except msgspec.DecodeError as e:
-        raise BadRequest(f"{path} is not JSON: {e}") from e
-    if not isinstance(config, dict):
-        raise BadRequest(f"{path} is not a JSON object")
+        config, _ = _bundle.read_config(bundle_dir, container)
+    except _bundle.BundleFileError as e:
+        raise _bad_bundle(e) from e
     return config
+
+
+def _bad_bundle(error: _bundle.BundleFileError) -> BadRequest:
+    hint = f"; every container, {PAUSE} included, needs its bundle there" if error.missing else ""
+    return BadRequest(f"actor_dirs.oci_bundle_dir: {error}{hint}")

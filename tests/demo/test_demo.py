@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from support.umask import umask
 
 from substrate_gpu import demo
 from substrate_gpu.eventlog import replay
@@ -20,7 +21,8 @@ def ran(tmp_path_factory: pytest.TempPathFactory, runc_path: str):
     """One demo run (real runc), its output and how long it took."""
     out = io.StringIO()
     started = time.monotonic()
-    result = demo.main(tmp_path_factory.mktemp("demo"), out)
+    with umask(0o022):  # the usual one: runsc alone would write its images world-readable
+        result = demo.main(tmp_path_factory.mktemp("demo"), out)
     return result, out.getvalue(), time.monotonic() - started
 
 
@@ -77,6 +79,18 @@ def test_every_actor_lives_its_whole_life(ran):
     }
     injected = {t.actor_id for t in result.transitions if t.trigger == "gpu_injected"}
     assert injected == {"gpu-trainer", "gpu-notebook"}
+
+
+def test_its_checkpoints_are_private(ran):
+    """Every checkpoint directory the demo made is 0700 and every image file 0600 (real
+    gVisor's for the CPU actor when runsc is built, the stand-in's for the GPU actors)."""
+    result, _, _ = ran
+    root = result.workdir / "checkpoints"
+    directories = [root, *(p for p in root.rglob("*") if p.is_dir())]
+    files = [p for p in root.rglob("*") if p.is_file()]
+    assert any(p.name == "checkpoint.img" for p in files)
+    assert {p.stat().st_mode & 0o777 for p in directories} == {0o700}
+    assert {p.stat().st_mode & 0o777 for p in files} == {0o600}
 
 
 def test_replaying_the_log_gives_the_same_final_states(ran):

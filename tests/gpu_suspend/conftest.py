@@ -65,8 +65,10 @@ class BundleGpus:
     """The injector of these scenarios: the bundle is built holding its GPU node, so this
     reports it (injection itself is tested in tests/injection and tests/integration)."""
 
-    async def __call__(self, bundle: Path, *, devices: Sequence[str] | None = None) -> int:
-        config = json.loads((bundle / "config.json").read_text())
+    async def __call__(
+        self, bundle: Path, *, devices: Sequence[str] | None = None, container: str | None = None
+    ) -> int:
+        config = json.loads((bundle / (container or "") / "config.json").read_text())
         nodes = config.get("linux", {}).get("devices", [])
         return sum(1 for d in nodes if str(d.get("path", "")).startswith("/dev/nvidia"))
 

@@ -71,7 +71,7 @@ def test_write_failure_leaves_old_config_and_no_temp_file(
     """If the rename fails, the old config.json stays and no temp file is left behind."""
     before = (actor_bundle / "config.json").read_bytes()
 
-    def failing_replace(source, target):
+    def failing_replace(source, target, **dir_fds):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", failing_replace)
@@ -234,6 +234,39 @@ def test_symlinked_config_is_refused_and_its_target_untouched(
         inject(actor_bundle, node_edits, options)
     assert host_file.read_bytes() == before
     assert (actor_bundle / "config.json").is_symlink()
+
+
+def test_a_sandbox_app_injected_by_name_lands_in_its_own_directory(tmp_path, node_edits, options):
+    """``container=``: the app's bundle under the sandbox's directory is the one injected."""
+    app = bundles.make_bundle(tmp_path / "sandbox" / "app", ["true"])
+    report = bundle_.inject_gpu(
+        tmp_path / "sandbox",
+        node_edits,
+        options=options,
+        soname_cache=SonameCache(),
+        container="app",
+    )
+    assert (report.outcome, report.bundle) == ("injected", app)
+    assert json.loads((app / "config.json").read_text())["linux"]["devices"]
+
+
+def test_a_symlinked_app_directory_is_refused_and_its_target_untouched(
+    tmp_path, node_edits, options
+):
+    """A sandbox's app directory that is a link (to a bundle elsewhere) is never injected."""
+    elsewhere = bundles.make_bundle(tmp_path / "elsewhere", ["true"])
+    before = (elsewhere / "config.json").read_bytes()
+    (tmp_path / "sandbox").mkdir()
+    (tmp_path / "sandbox" / "app").symlink_to(elsewhere)
+    with pytest.raises(exceptions.InjectionError, match="'app' on its path is a symbolic link"):
+        bundle_.inject_gpu(
+            tmp_path / "sandbox",
+            node_edits,
+            options=options,
+            soname_cache=SonameCache(),
+            container="app",
+        )
+    assert (elsewhere / "config.json").read_bytes() == before
 
 
 def test_oversized_config_is_refused(tmp_path, node_edits, options):

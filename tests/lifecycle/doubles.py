@@ -252,11 +252,14 @@ class FakeInjector:
     error: Exception | None = None
     hang: bool = False
     calls: list[Path] = field(default_factory=list)
+    """Per call, the bundle injected (``<bundle>/<container>`` for a sandbox's app)."""
     granted: list[tuple[str, ...] | None] = field(default_factory=list)
     """Per call, the devices asked for (``None``: all of the worker's)."""
 
-    async def __call__(self, bundle: Path, *, devices: Sequence[str] | None = None) -> int:
-        self.calls.append(bundle)
+    async def __call__(
+        self, bundle: Path, *, devices: Sequence[str] | None = None, container: str | None = None
+    ) -> int:
+        self.calls.append(bundle if container is None else bundle / container)
         self.granted.append(None if devices is None else tuple(devices))
         await anyio.lowlevel.checkpoint()
         if self.hang:

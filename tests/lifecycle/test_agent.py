@@ -7,6 +7,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from support.umask import umask
 
 from lifecycle.doubles import FakeInjector, FakeProbe, FakeRuntime, RecordingMetrics
 from lifecycle.factories import bring_to_running
@@ -445,3 +446,62 @@ async def test_leaving_the_agent_cancels_running_effects(
             await agent.submit(events.RunRequested(actor_id="a"))
             await anyio.sleep(0.01)
     assert agent.state_of("a") == "creating"
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+async def test_a_checkpoint_is_private_under_umask_022_whatever_the_runtime_wrote(
+    make_agent: MakeAgent, tmp_path: Path
+) -> None:
+    """The runtime writes its image 0644 under umask 022; before ``checkpoint_written`` the
+    directories made for it are 0700 and its files 0600 (they hold the sandbox's memory)."""
+    with umask(0o022):
+        async with make_agent() as agent:
+            await bring_to_running(agent, gpu=False)
+            await agent.submit(events.SuspendRequested(actor_id="a"))
+            await agent.wait_for_state("a", "suspended", timeout=5)
+            view = agent.actor("a")
+    assert view is not None and view.checkpoint is not None
+    image = Path(view.checkpoint)
+    assert (image.parent.parent, image.parent) == (
+        tmp_path / "checkpoints",
+        tmp_path / "checkpoints" / "a",
+    )
+    assert [_mode(p) for p in (image.parent.parent, image.parent, image)] == [0o700] * 3
+    files = {p.name: _mode(p) for p in image.iterdir()}
+    assert "checkpoint.img" in files and set(files.values()) == {0o600}, files
+
+
+async def test_a_chosen_image_directory_keeps_its_mode_and_its_files_are_private(
+    make_agent: MakeAgent, tmp_path: Path
+) -> None:
+    """A suspend's ``image_path`` that exists is the caller's: its mode is left alone."""
+    chosen = tmp_path / "chosen"
+    chosen.mkdir(mode=0o755)
+    with umask(0o022):
+        async with make_agent() as agent:
+            await bring_to_running(agent, gpu=False)
+            await agent.submit(events.SuspendRequested(actor_id="a", image_path=str(chosen)))
+            await agent.wait_for_state("a", "suspended", timeout=5)
+    assert _mode(chosen) == 0o755
+    assert _mode(chosen / "checkpoint.img") == 0o600
+
+
+async def test_an_image_directory_that_cannot_be_made_fails_the_checkpoint_before_runsc(
+    make_agent: MakeAgent, runtime: FakeRuntime, tmp_path: Path
+) -> None:
+    """A file where the checkpoint root should be: checkpoint_failed naming the directory,
+    no checkpoint asked of the runtime, the actor still running."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    async with make_agent(checkpoint_root=blocker) as agent:
+        await bring_to_running(agent, gpu=False)
+        await agent.submit(events.SuspendRequested(actor_id="a"))
+        await agent.wait_for_state("a", "running", timeout=5)
+        await agent.settle()
+        actor = agent.actor("a")
+    assert actor is not None and actor.state == "running"
+    assert f"while making checkpoint directory {blocker}/a/" in (actor.reason or "")
+    assert runtime.ops("checkpoint") == []

@@ -5,6 +5,7 @@ failure part-way leaves no container and names the one that failed."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -266,8 +267,8 @@ def test_annotations_are_written_once_and_a_bundle_that_has_them_is_left_byte_fo
 ) -> None:
     """The roles runsc reads; a second pass (or atelet's own annotations) rewrites nothing."""
     bundle = _bundles(tmp_path)
-    assert sandbox.ensure_annotations(bundle / "_pause", "_pause")
-    assert sandbox.ensure_annotations(bundle / "app", "app")
+    assert sandbox.ensure_annotations(bundle, "_pause")
+    assert sandbox.ensure_annotations(bundle, "app")
     pause = json.loads((bundle / "_pause" / "config.json").read_text())
     app = json.loads((bundle / "app" / "config.json").read_text())
     assert pause["annotations"] == {"io.kubernetes.cri.container-type": "sandbox"}
@@ -276,19 +277,23 @@ def test_annotations_are_written_once_and_a_bundle_that_has_them_is_left_byte_fo
         "io.kubernetes.cri.sandbox-id": "_pause",
     }
     before = (bundle / "app" / "config.json").read_bytes()
-    assert not sandbox.ensure_annotations(bundle / "app", "app")
+    assert not sandbox.ensure_annotations(bundle, "app")
     assert (bundle / "app" / "config.json").read_bytes() == before
 
 
-def test_annotations_keep_the_bundles_other_annotations(tmp_path: Path) -> None:
-    """A wrong role is corrected; other annotations stay."""
-    bundle = tmp_path / "b"
-    bundle.mkdir()
+def test_annotations_keep_the_bundles_other_annotations_and_its_mode(tmp_path: Path) -> None:
+    """A wrong role is corrected; other annotations and the file's mode stay."""
+    (tmp_path / "app").mkdir()
+    config = tmp_path / "app" / "config.json"
     other = {"x": "1", "io.kubernetes.cri.container-type": "sandbox"}
-    (bundle / "config.json").write_text(json.dumps({"annotations": other}))
-    assert sandbox.ensure_annotations(bundle, "app")
-    written = json.loads((bundle / "config.json").read_text())["annotations"]
-    assert written == {"x": "1", **sandbox.cri_annotations("app")}
+    config.write_text(json.dumps({"annotations": other}))
+    config.chmod(0o640)
+    assert sandbox.ensure_annotations(tmp_path, "app")
+    assert json.loads(config.read_text())["annotations"] == {
+        "x": "1",
+        **sandbox.cri_annotations("app"),
+    }
+    assert config.stat().st_mode & 0o777 == 0o640
 
 
 @pytest.mark.parametrize(
@@ -297,21 +302,65 @@ def test_annotations_keep_the_bundles_other_annotations(tmp_path: Path) -> None:
         pytest.param(None, "No such file", id="missing"),
         pytest.param("[1]", "not a JSON object", id="not-an-object"),
         pytest.param('{"annotations": 3}', "'annotations' is not an object", id="bad-annotations"),
-        pytest.param("{", "not an OCI config", id="not-json"),
+        pytest.param("{", "is not valid JSON", id="not-json"),
     ],
 )
 def test_an_unusable_config_is_refused_naming_the_container(
     tmp_path: Path, content: str | None, problem: str
 ) -> None:
     """SandboxError says which container's bundle and why."""
-    bundle = tmp_path / "b"
-    bundle.mkdir()
+    (tmp_path / "side").mkdir()
     if content is not None:
-        (bundle / "config.json").write_text(content)
+        (tmp_path / "side" / "config.json").write_text(content)
     with pytest.raises(sandbox.SandboxError, match=problem) as caught:
-        sandbox.ensure_annotations(bundle, "side")
+        sandbox.ensure_annotations(tmp_path, "side")
     assert caught.value.container == "side"
     assert "container side's bundle" in str(caught.value)
+    assert f"{tmp_path}/side/config.json" in str(caught.value)
+
+
+def test_a_fifo_config_is_refused_at_once_naming_it(tmp_path: Path) -> None:
+    """A FIFO in place of config.json (nobody writing it): refused without blocking."""
+    (tmp_path / "_pause").mkdir()
+    os.mkfifo(tmp_path / "_pause" / "config.json")
+    with pytest.raises(sandbox.SandboxError, match=r"it is not a regular file \(a FIFO\)"):
+        sandbox.ensure_annotations(tmp_path, "_pause")
+
+
+def test_a_symlinked_container_directory_is_refused_and_its_target_untouched(
+    tmp_path: Path,
+) -> None:
+    """``_pause`` a link to a bundle elsewhere: refused, and nothing written there."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "config.json").write_text('{"ociVersion": "1.0.2"}')
+    before = (elsewhere / "config.json").read_bytes()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "_pause").symlink_to(elsewhere)
+    with pytest.raises(sandbox.SandboxError, match="'_pause' on its path is a symbolic link"):
+        sandbox.ensure_annotations(tmp_path / "b", "_pause")
+    assert (elsewhere / "config.json").read_bytes() == before
+
+
+async def test_a_sandbox_whose_container_directory_is_a_link_fails_before_runsc(
+    make_agent: MakeAgent, runtime: FakeRuntime, tmp_path: Path
+) -> None:
+    """The create effect refuses the link (naming it) and runs no runsc command; the
+    bundle it points at is not rewritten."""
+    bundle = _bundles(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    (bundle / "side").rename(elsewhere)
+    (bundle / "side").symlink_to(elsewhere)
+    before = (elsewhere / "config.json").read_bytes()
+    async with make_agent() as agent:
+        for event in _register(bundle, gpu=False):
+            await agent.submit(event)
+        await agent.settle()
+        actor = agent.actor("s")
+    assert actor is not None and actor.state == "failed"
+    assert "'side' on its path is a symbolic link" in (actor.reason or "")
+    assert runtime.ops("create") == []
+    assert (elsewhere / "config.json").read_bytes() == before
 
 
 # --- what recovery reads -------------------------------------------------------------------

@@ -211,7 +211,7 @@ async def test_recovery_mid_checkpoint_finds_the_image_where_the_suspend_asked(
     runtime.hang.clear()
     assert replay(log_path).actors["a"].checkpoint_target == str(image)
     runtime.containers.pop("a")  # the sandbox went down with its image written
-    image.mkdir()
+    image.mkdir(exist_ok=True)  # the agent made it (0700) before runsc ran
     (image / "checkpoint.img").write_text("image")
     recovery = await recover(log_path, runtime=runtime, checkpoint_root=tmp_path / "checkpoints")
     (outcome,) = recovery.reconcile_events

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import stat
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ import anyio
 import pytest
 from support import real_runsc as runsc_
 from support import runc_bundle
+from support.umask import umask
 
 from substrate_gpu import preflight
 from substrate_gpu.injection import bundle as bundle_
@@ -178,30 +181,59 @@ class _OlderRunsc(driver.RunscDriver):
 
 @pytest.mark.parametrize("leave_running", [True, False], ids=["leave-running", "without"])
 async def test_a_failing_checkpoint_leaves_actor_and_sandbox_where_runsc_says(
-    gvisor: Gvisor, leave_running: bool
+    gvisor: Gvisor, leave_running: bool, require_root: None
 ) -> None:
-    """An image directory that cannot be made: checkpoint_failed; the actor is running
-    exactly when runsc says its sandbox is, and nothing is lost."""
+    """An image directory runsc cannot write in (a read-only mount): checkpoint_failed; the
+    actor is running exactly when runsc says its sandbox is, and nothing is lost."""
     runtime = gvisor.runtime if leave_running else _OlderRunsc(gvisor.runtime.config)
-    blocker = gvisor.tmp / "not-a-dir"
-    blocker.write_text("")
-    async with gvisor.agent(runtime=runtime, checkpoint_root=blocker) as agent:
-        async with agent.subscribe() as transitions:
-            await _start(agent, "f-1", gvisor.counter_bundle())
-            await agent.wait_for_state("f-1", "running", timeout=30)
-            await agent.submit(events.SuspendRequested(actor_id="f-1"))
-            async for t in transitions:
-                if t.trigger in {"checkpoint_failed", "checkpoint_written"}:
-                    outcome = t
-                    break
-        assert outcome.trigger == "checkpoint_failed"
-        assert "making directories at path provided" in (outcome.reason or "")
-        status = (await gvisor.runtime.state("f-1")).status
-        assert agent.state_of("f-1") == ("running" if status == "running" else "stopped")
-        assert status == "running"  # runsc failed before touching the sandbox
-        await agent.submit(events.DeleteRequested(actor_id="f-1"))
-        await agent.wait_for_state("f-1", "deleted", timeout=30)
+    image = gvisor.tmp / "read-only"
+    image.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(image)], check=True)
+    try:
+        async with gvisor.agent(runtime=runtime) as agent:
+            async with agent.subscribe() as transitions:
+                await _start(agent, "f-1", gvisor.counter_bundle())
+                await agent.wait_for_state("f-1", "running", timeout=30)
+                await agent.submit(events.SuspendRequested(actor_id="f-1", image_path=str(image)))
+                async for t in transitions:
+                    if t.trigger in {"checkpoint_failed", "checkpoint_written"}:
+                        outcome = t
+                        break
+            assert outcome.trigger == "checkpoint_failed"
+            assert "creating checkpoint state file" in (outcome.reason or "")
+            status = (await gvisor.runtime.state("f-1")).status
+            assert agent.state_of("f-1") == ("running" if status == "running" else "stopped")
+            assert status == "running"  # runsc failed before touching the sandbox
+            await agent.submit(events.DeleteRequested(actor_id="f-1"))
+            await agent.wait_for_state("f-1", "deleted", timeout=30)
+    finally:
+        subprocess.run(["umount", str(image)], check=True)
     assert gvisor.listed() == []
+
+
+async def test_a_real_checkpoint_image_is_private_under_umask_022(gvisor: Gvisor) -> None:
+    """The image is the sandbox's memory: under the usual umask, every directory made for it
+    is 0700 and every file runsc (and the agent) wrote in it 0600."""
+    with umask(0o022):
+        async with gvisor.agent() as agent:
+            await _start(agent, "p-1", gvisor.counter_bundle())
+            await agent.wait_for_state("p-1", "running", timeout=30)
+            await agent.submit(events.SuspendRequested(actor_id="p-1"))
+            await agent.wait_for_state("p-1", "suspended", timeout=30)
+            view = agent.actor("p-1")
+            await agent.submit(events.DeleteRequested(actor_id="p-1"))
+            await agent.wait_for_state("p-1", "deleted", timeout=30)
+    assert view is not None and view.checkpoint is not None
+    image = Path(view.checkpoint)
+    made = [image, image.parent, image.parent.parent]  # <root>/<actor>/<seq>
+    assert [_mode(d) for d in made] == [0o700] * 3
+    files = {p.name: _mode(p) for p in image.iterdir()}
+    assert {"checkpoint.img", "pages.img", preflight.MANIFEST_NAME} <= set(files)
+    assert set(files.values()) == {0o600}, files
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
 
 
 async def test_a_good_checkpoint_without_leave_running_suspends(gvisor: Gvisor) -> None:

@@ -278,7 +278,7 @@ async def test_a_half_made_sandbox_is_reconciled_container_by_container(
         image = Path(str(replay(log_path).actors["h1"].checkpoint))
         trigger = [events.RestoreRequested(actor_id="h1")]
         for name in sandbox.PAUSE, *APPS:
-            sandbox.ensure_annotations(bundle / name, name)
+            sandbox.ensure_annotations(bundle, name)
         await box.runtime.create("_pause", bundle / "_pause", nvproxy=False)
         await box.runtime.restore("_pause", bundle / "_pause", image, nvproxy=False)
         await box.runtime.create("app", bundle / "app", nvproxy=False)

@@ -6,12 +6,15 @@ and closes it when sent SIGUSR1 — the end of a CUDA workload, as the host sees
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import pytest
 from support import runc_bundle
+from support.umask import current as umask_current
+from support.umask import umask as umask_
 
 from substrate_gpu.probes import fd_scan
 from substrate_gpu.runsc import api, driver
@@ -168,6 +171,26 @@ async def test_cpu_sandbox_never_gets_nvproxy(
     await runtime.checkpoint(cid, tmp_path / "img", leave_running=True)
     assert await _status(runtime, cid) == "running"
     assert not any("--nvproxy" in a for a in argv_log.entries())
+
+
+async def test_runsc_writes_the_checkpoint_image_private_under_umask_022(
+    make_driver: MakeDriver, runc_root: Path, tmp_path: Path, runc_path: str
+) -> None:
+    """runsc's checkpoint runs under umask 077 of its own: the directory it makes is 0700 and
+    its image 0600 (the stand-in creates them 0755 and 0644, as runsc does), while the
+    agent's own umask stays 022."""
+    bundle = runc_bundle.make_busybox_bundle(
+        tmp_path / "cpu", ["/bin/sleep", "1000"], runc=runc_path
+    )
+    runtime, cid = make_driver(), "private-1"
+    await runtime.create(cid, bundle, nvproxy=False)
+    await runtime.start(cid)
+    image = tmp_path / "img"
+    with umask_(0o022):
+        await runtime.checkpoint(cid, image, leave_running=True)
+        assert umask_current() == 0o022
+    assert stat.S_IMODE(image.stat().st_mode) == 0o700
+    assert stat.S_IMODE((image / "checkpoint.img").stat().st_mode) == 0o600
 
 
 async def test_starting_a_stopped_container_is_typed(

@@ -40,8 +40,10 @@ class AgentProcess:
         stdin: bool = False,
         env: dict[str, str] | None = None,
         log_level: str | None = "INFO",
+        umask: int = -1,
     ) -> None:
-        """``log_level`` None: the agent's own default (no ``--log-level``)."""
+        """``log_level`` None: the agent's own default (no ``--log-level``); ``umask``: the
+        agent's (-1: this process's)."""
         self.tmp = tmp
         self.socket = tmp / "agent.sock"
         self.log = tmp / "events.jsonl"
@@ -56,6 +58,7 @@ class AgentProcess:
             stderr=self._stderr,
             cwd=REPO,
             env={**os.environ, **(env or {})},
+            umask=umask,
         )
 
     @classmethod

@@ -92,7 +92,7 @@ def test_the_worker_socket_is_private(agent, tmp_path):
         pytest.param(
             {"spec": pb.WorkloadSpec(containers=[pb.Container(name="missing")])},
             INVALID,
-            "missing/config.json cannot be read",
+            "missing/config.json: No such file or directory",
             id="no-bundle-for-a-container",
         ),
         pytest.param(
