@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from substrate_gpu import _files
+from substrate_gpu import _defaults, _files
 from substrate_gpu.exceptions import SubstrateGpuError
 from substrate_gpu.rootfs import confined, mounts
 from substrate_gpu.rootfs.mounts import mount_points_under, unmount_all_under
@@ -58,6 +58,7 @@ __all__ = [
     "ImageVolume",
     "OverlayError",
     "OverlaySpec",
+    "compose_bundle",
     "compose_rootfs",
     "finalize_layer",
     "mount_points_under",
@@ -67,7 +68,7 @@ __all__ = [
 
 OVERLAY_SPEC: Final = "rootfs-overlay.json"
 """The file atelet writes next to a container's config.json (upstream's ``OverlaySpecFileName``)."""
-DEFAULT_LAYERS_DIR: Final = Path("/var/lib/ate")
+DEFAULT_LAYERS_DIR: Final = _defaults.IMAGE_LAYERS_DIR
 """Upstream's node base path (``nodepath.BasePath``): atelet's image cache lives under it."""
 MAX_SPEC_BYTES: Final = 1 << 20
 _FS: Final = "fs"
@@ -464,3 +465,24 @@ def _ensure_dir(dir_fd: int, name: str, parent: Path) -> None:
 
 def _kind(mode: int) -> str:
     return "a symbolic link" if stat.S_ISLNK(mode) else "not a directory"
+
+
+def compose_bundle(
+    bundle_dir: Path, containers: Sequence[str], *, layers_dir: Path = DEFAULT_LAYERS_DIR
+) -> tuple[str, ...]:
+    """Compose the rootfs of each container of a sandbox bundle directory that has an
+    overlay spec (``<bundle_dir>/<container>``); the containers composed. On a failure
+    every mount under ``bundle_dir`` is detached again, so a refused Run leaves none."""
+    composed = []
+    try:
+        for name in containers:
+            container = bundle_dir / name
+            spec = read_overlay_spec(container, layers_dir=layers_dir)
+            if spec is not None:
+                compose_rootfs(container, spec)
+                composed.append(name)
+    except BaseException:
+        if composed:
+            unmount_all_under(bundle_dir)
+        raise
+    return tuple(composed)
