@@ -53,6 +53,10 @@ MAX_ACTORS: Final = 1000
 WORKER_SUPPORT_SOCKET: Final = Path("/var/lib/ate/worker-support.sock")
 """atelet's node-local socket for its workers (upstream's ``nodepath.WorkerSupportSocket``)."""
 
+IMAGE_LAYERS_DIR: Final = Path("/var/lib/ate")
+"""Where atelet's image cache keeps the layers a bundle's rootfs-overlay.json names (upstream's
+``nodepath.BasePath``, the host directory atelet and the workers both mount)."""
+
 CAPACITY_DIR: Final = Path("/run/worker-capacity")
 """The worker container's own limits, projected by the downward API (``--capacity-dir``)."""
 

@@ -87,6 +87,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "actors hosted at once: one Run or Restore more is answered RESOURCE_EXHAUSTED; "
         "reported to atelet as the worker's capacity",
     )
+    _defaulted(
+        worker,
+        "--image-layers-dir",
+        Path,
+        config_.DEFAULT_IMAGE_LAYERS_DIR,
+        "where the cached image layers atelet's rootfs-overlay.json names must lie; a bundle "
+        "naming a layer elsewhere is refused",
+    )
     worker.add_argument(
         "--atelet-socket",
         type=str,
@@ -286,6 +294,7 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
         trust_bundle=args.atunnel_trust_bundle,
         atelet_spiffe_id=args.atunnel_broker_identity,
         capacity_dir=args.capacity_dir,
+        image_layers_dir=args.image_layers_dir,
     )
 
 

@@ -20,6 +20,7 @@ DEFAULT_LINE_TIMEOUT: Final = 10.0
 DEFAULT_LIVENESS_TIMEOUT: Final = 10.0
 DEFAULT_MAX_ACTORS: Final = _defaults.MAX_ACTORS
 DEFAULT_ATELET_SOCKET: Final = _defaults.WORKER_SUPPORT_SOCKET
+DEFAULT_IMAGE_LAYERS_DIR: Final = _defaults.IMAGE_LAYERS_DIR
 MAX_ACTORS_LIMIT: Final = 2**31 - 1
 """The report carries ``--max-actors`` as an int32."""
 
@@ -88,5 +89,8 @@ class AgentConfig:
     """The CA bundle atelet's certificate must chain to (``--atunnel-trust-bundle``)."""
     atelet_spiffe_id: str = _defaults.ATELET_SPIFFE_ID
     """The SPIFFE ID atelet must present (``--atunnel-broker-identity``)."""
+    image_layers_dir: Path = _defaults.IMAGE_LAYERS_DIR
+    """Where the cached image layers a bundle's ``rootfs-overlay.json`` names must lie
+    (``--image-layers-dir``; upstream's node base path)."""
     capacity_dir: Path = _defaults.CAPACITY_DIR
     """The downward-API files of the container's CPU and memory limits (``--capacity-dir``)."""

@@ -49,7 +49,8 @@ from google.protobuf import message
 
 from substrate_gpu import _blocking, _defaults, _private, exceptions
 from substrate_gpu.injection import devices
-from substrate_gpu.lifecycle import Agent, actors, errors, events, hooks
+from substrate_gpu.lifecycle import Agent, actors, errors, events, hooks, sandbox
+from substrate_gpu.rootfs import mounts, overlay
 from substrate_gpu.service import _socketfile, cgroup_stats, protocol, worker_requests
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
 
@@ -191,10 +192,12 @@ class WorkerService:
         dev_root: Path = Path("/"),
         cgroup_root: Path = cgroup_stats.CGROUP_ROOT,
         max_actors: int = _defaults.MAX_ACTORS,
+        image_layers_dir: Path = overlay.DEFAULT_LAYERS_DIR,
     ) -> None:
         """``dev_root``: where a GPU worker's device nodes are (each actor gets all GPUs);
         ``cgroup_root``: where the sandboxes' cgroups are read; ``max_actors``: the UIDs
-        hosted at once (``--max-actors``)."""
+        hosted at once (``--max-actors``); ``image_layers_dir``: where the cached image
+        layers a bundle's ``rootfs-overlay.json`` names must lie (``--image-layers-dir``)."""
         self._service = service
         self._agent = service.agent
         self._runsc = RunscBinary(runsc)
@@ -204,6 +207,7 @@ class WorkerService:
         self._locks = _UidLocks()
         self._max_actors = max_actors
         self._admitting: set[str] = set()
+        self._layers_dir = image_layers_dir
         self.draining = False
         """Set on SIGTERM: lifecycle calls are answered UNAVAILABLE from then on."""
 
@@ -377,7 +381,12 @@ class WorkerService:
         self._not_executing(uid)
         self._admit(uid)
         try:
-            actor_id = await self._register(request, workload)
+            await self._compose(workload)
+            try:
+                actor_id = await self._register(request, workload)
+            except BaseException:
+                await self._unmount(workload.bundle_dir)
+                raise
         finally:
             self._admitting.discard(uid)
         self._cgroups[actor_id] = await _blocking.run_abandonable(
@@ -391,6 +400,40 @@ class WorkerService:
             name="substrate-gpu size bundle",
         )
         return actor_id
+
+    async def _compose(self, workload: worker_requests.Workload) -> None:
+        """Each container's rootfs as atelet's ``rootfs-overlay.json`` asks, before runsc
+        creates it (upstream's ``imagecache.SetupBundleRootfs``; :mod:`..rootfs.overlay`)."""
+        containers = (sandbox.PAUSE, *workload.containers)
+        try:
+            composed = await _blocking.run_abandonable(
+                functools.partial(
+                    overlay.compose_bundle,
+                    workload.bundle_dir,
+                    containers,
+                    layers_dir=self._layers_dir,
+                ),
+                name="substrate-gpu compose rootfs",
+            )
+        except overlay.OverlayError as e:
+            if e.bad_input:
+                raise worker_requests.BadRequest(str(e)) from e
+            raise CallError(grpc.StatusCode.INTERNAL, str(e)) from e
+        if composed:
+            log.info("rootfs composed", bundle=str(workload.bundle_dir), containers=composed)
+
+    async def _unmount(self, bundle_dir: Path) -> None:
+        """Detach every mount under an activation's bundle directory (upstream's
+        ``imagecache.UnmountAllUnder``): after Terminate, a checkpoint's teardown and a
+        failed Run; a failure is logged, never the call's answer (the sandbox is gone)."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await _blocking.run_abandonable(
+                    functools.partial(overlay.unmount_all_under, bundle_dir),
+                    name="substrate-gpu unmount rootfs",
+                )
+            except (mounts.UnmountError, OSError) as e:
+                log.warning("rootfs unmount failed", bundle=str(bundle_dir), error=str(e))
 
     def _admit(self, uid: str) -> None:
         """Reserve the UID's slot, or refuse as upstream's worker does when it is full.
@@ -503,7 +546,14 @@ class WorkerService:
         )
 
     async def _delete(self, actor_id: str) -> None:
-        """Delete the actor (waiting out an effect in flight first); an error if it fails."""
+        """Delete the actor (waiting out an effect in flight first), then detach the
+        mounts under its bundle directory (its composed rootfs); an error if it fails."""
+        await self._delete_sandbox(actor_id)
+        view = self._agent.actor(actor_id)
+        if view is not None and view.bundle:
+            await self._unmount(Path(view.bundle))
+
+    async def _delete_sandbox(self, actor_id: str) -> None:
         view = self._agent.actor(actor_id)
         if view is None or view.state == "deleted":
             return
@@ -522,6 +572,21 @@ class WorkerService:
         await self._reach(
             actor_id, events.DeleteRequested(actor_id=actor_id), "deleted", "delete", cleanup=False
         )
+
+    async def release_stale_mounts(self) -> None:
+        """At start: detach the composed rootfs of activations the event log says are
+        deleted (an earlier agent was killed between the delete and the unmount, or the
+        recovery deleted them), unless a live activation uses the same bundle directory."""
+        views = [v for v in self._agent.actors() if self._uid_of(v) and v.bundle]
+        live = {v.bundle for v in views if v.state != "deleted"}
+        stale = {v.bundle for v in views if v.state == "deleted"} - live
+        if not stale:
+            return
+        table = await anyio.Path("/proc/self/mountinfo").read_text(errors="surrogateescape")
+        for bundle in sorted(stale):
+            if overlay.mount_points_under(bundle, table):
+                log.info("detaching a deleted activation's rootfs", bundle=bundle)
+                await self._unmount(Path(bundle))
 
     # --- stats --------------------------------------------------------------------------------
 
@@ -632,6 +697,7 @@ async def serving(
     """
     _socketfile.make_private_dir(path, "worker socket", "choose another --worker-socket")
     claim(path)
+    await worker.release_stale_mounts()
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((worker.handler(),))
     try:
