@@ -100,6 +100,14 @@ class Door(Protocol):
         ...
 
 
+_LifecycleRequest = (
+    pb.RunWorkloadRequest
+    | pb.RestoreWorkloadRequest
+    | pb.CheckpointWorkloadRequest
+    | pb.TerminateWorkloadRequest
+)
+
+
 class CallError(exceptions.SubstrateGpuError):
     """A call answered with a gRPC status other than OK."""
 
@@ -147,9 +155,10 @@ class RunscBinary:
         self._digests: dict[tuple[int, int, int, int], str] = {}
 
     def check(self, runsc_path: str) -> None:
-        """Raise :class:`CallError` unless ``runsc_path`` is empty or our binary."""
+        """Raise :class:`CallError` unless ``runsc_path`` is our binary; empty is
+        :class:`~.worker_requests.BadRequest`, as upstream's ``ValidateRuntimeAssetPath``."""
         if not runsc_path:
-            return
+            raise worker_requests.BadRequest("runsc_path: Required value")
         candidate = Path(runsc_path)
         if not candidate.is_absolute() or not candidate.is_file():
             raise CallError(
@@ -211,9 +220,8 @@ class WorkerService:
 
     async def RunWorkload(self, request: pb.RunWorkloadRequest) -> pb.RunWorkloadResponse:
         """Register a new activation of the sandbox and run it; OK once it is running."""
-        uid = self._begin(request.actor_uid)
+        uid = self._begin(request)
         workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
-        self._runsc.check(request.runsc_path)
         async with self._locks.held(uid):
             actor_id = await self._activate(uid, request, workload)
             await self._reach(actor_id, events.RunRequested(actor_id=actor_id), "running", "run")
@@ -223,7 +231,7 @@ class WorkerService:
         self, request: pb.RestoreWorkloadRequest
     ) -> pb.RestoreWorkloadResponse:
         """Register a new activation and restore it from ``actor_dirs.restore_dir``."""
-        uid = self._begin(request.actor_uid)
+        uid = self._begin(request)
         self._full_scope(request.scope, "RestoreWorkload")
         workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
         image = worker_requests.check_dir(request.actor_dirs.restore_dir, "actor_dirs.restore_dir")
@@ -231,7 +239,6 @@ class WorkerService:
             raise worker_requests.BadRequest(
                 f"actor_dirs.restore_dir {str(image)!r} holds no checkpoint.img"
             )
-        self._runsc.check(request.runsc_path)
         async with self._locks.held(uid):
             actor_id = await self._activate(uid, request, workload)
             # runsc restore only reads the image: restore_dir is left as it is whether or
@@ -245,14 +252,9 @@ class WorkerService:
     ) -> pb.CheckpointWorkloadResponse:
         """Checkpoint the running sandbox into ``actor_dirs.checkpoint_dir``, then tear it
         down; the files written there."""
-        uid = self._begin(request.actor_uid)
+        uid = self._begin(request)
         self._full_scope(request.scope, "CheckpointWorkload")
         directory = request.actor_dirs.checkpoint_dir
-        if not directory or not Path(directory).is_absolute():
-            raise worker_requests.BadRequest(
-                f"actor_dirs.checkpoint_dir {directory!r} is not an absolute path"
-            )
-        self._runsc.check(request.runsc_path)
         async with self._locks.held(uid):
             view = self._live(uid)
             if view is None:
@@ -288,7 +290,7 @@ class WorkerService:
         self, request: pb.TerminateWorkloadRequest
     ) -> pb.TerminateWorkloadResponse:
         """Delete every live activation of the UID; OK when there is none (idempotent)."""
-        uid = self._begin(request.actor_uid)
+        uid = self._begin(request)
         async with self._locks.held(uid):
             while (view := self._live(uid)) is not None:
                 await self._delete(view.actor_id)
@@ -302,7 +304,16 @@ class WorkerService:
         view = self._live(uid)
         if view is None:
             raise CallError(grpc.StatusCode.NOT_FOUND, f"this worker is not executing {uid!r}")
-        return pb.GetWorkloadStatsResponse(sample=await self._sample(view))
+        sample = await self._sample(view)
+        if sample.source == pb.STATS_SOURCE_UNSPECIFIED:
+            # Upstream's answer while a boot has not made the sandbox's cgroup yet (or a
+            # teardown removed it): "no numbers right now", take the next sample.
+            raise CallError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"no sandbox cgroup to measure yet: actor {uid!r} (here {view.actor_id!r}) "
+                f"is {view.state!r}",
+            )
+        return pb.GetWorkloadStatsResponse(sample=sample)
 
     async def GetActiveWorkloadStats(
         self, request: pb.GetActiveWorkloadStatsRequest
@@ -313,9 +324,16 @@ class WorkerService:
 
     # --- the machine ------------------------------------------------------------------------
 
-    def _begin(self, uid: str) -> str:
+    def _begin(self, request: _LifecycleRequest) -> str:
+        """The checks every lifecycle call starts with: not draining, the UID, every
+        ``actor_dirs`` field and ``runsc_path`` (upstream validates the last two first of all,
+        on Terminate too)."""
         self._not_draining()
-        return worker_requests.check_uid(uid)
+        uid = worker_requests.check_uid(request.actor_uid)
+        dirs = request.actor_dirs if request.HasField("actor_dirs") else None
+        worker_requests.check_actor_dirs(dirs)
+        self._runsc.check(request.runsc_path)
+        return uid
 
     def _not_draining(self) -> None:
         if self.draining:
@@ -420,6 +438,10 @@ class WorkerService:
         identity[EPOCH_KEY] = str(time.time_ns())
         gpu = bool(workload.gpu_names) or self._gpu_worker
         bundle = str(workload.bundle_dir)
+        if not workload.containers:
+            # ``_pause`` alone (upstream boots it and no app): a one-container sandbox, the
+            # machine's single-container actor on ``_pause``'s bundle. No app, no GPU.
+            gpu, bundle = False, str(workload.bundle_dir / worker_requests.PAUSE)
         await self._submit(
             events.ActorRegistered(
                 actor_id=actor_id,
@@ -558,8 +580,10 @@ class WorkerService:
         if view.actor_id not in self._cgroups:
             path = None
             with contextlib.suppress(worker_requests.BadRequest):
+                # A ``_pause``-alone activation's bundle is ``_pause``'s own (see _register).
+                bundle_dir = Path(view.bundle) if view.containers else Path(view.bundle).parent
                 config = await _blocking.run_abandonable(
-                    functools.partial(worker_requests.read_pause_config, Path(view.bundle)),
+                    functools.partial(worker_requests.read_pause_config, bundle_dir),
                     name="substrate-gpu read bundle",
                 )
                 linux = config.get("linux")
