@@ -50,7 +50,13 @@ from google.protobuf import message
 from substrate_gpu import _blocking, _defaults, _private, exceptions
 from substrate_gpu.injection import devices
 from substrate_gpu.lifecycle import Agent, actors, errors, events, hooks
-from substrate_gpu.service import _socketfile, cgroup_stats, protocol, worker_requests
+from substrate_gpu.service import (
+    _socketfile,
+    cgroup_stats,
+    protocol,
+    reflection,
+    worker_requests,
+)
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -658,6 +664,7 @@ async def serving(
     claim(path)
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((worker.handler(),))
+    reflection.register(server, SERVICE.full_name)  # as upstream's worker: grpcurl works
     try:
         with _socketfile.private_umask():
             server.add_insecure_port(f"unix:{path}")
