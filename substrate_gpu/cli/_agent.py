@@ -87,6 +87,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "actors hosted at once: one Run or Restore more is answered RESOURCE_EXHAUSTED; "
         "reported to atelet as the worker's capacity",
     )
+    _defaulted(
+        worker,
+        "--workload-grace",
+        float,
+        _defaults.WORKLOAD_GRACE_S,
+        "on SIGTERM, seconds for in-flight worker calls (checkpoints finish) and then for "
+        "every app container to exit after its SIGTERM, before SIGKILL",
+    )
     worker.add_argument(
         "--atelet-socket",
         type=str,
@@ -273,6 +281,7 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
         dev_root=args.dev_root,
         checkpoint_root=args.checkpoint_root,
         drain_timeout=args.drain_timeout,
+        workload_grace=args.workload_grace,
         max_clients=args.max_clients,
         idle_timeout=args.idle_timeout,
         line_timeout=args.line_timeout,

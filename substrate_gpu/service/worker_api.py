@@ -25,7 +25,10 @@ agent's own event loop. Each call becomes events submitted through the same
 - **Stats never wait.** They read the actor table and the sandbox's cgroup
   (:mod:`.cgroup_stats`), never the per-UID lock the lifecycle calls hold.
 - **Draining**: after SIGTERM every lifecycle call is answered ``UNAVAILABLE`` (stats still
-  answer) while the agent lets running effects finish.
+  answer). :meth:`WorkerService.shutdown` then does what upstream's ``gracefulShutdown``
+  does: the lifecycle calls in flight finish (a checkpoint saves its actor), then every app
+  container of every running sandbox gets SIGTERM, and SIGKILL at the one deadline
+  (``--workload-grace``); each actor whose apps all exited is recorded ``sandbox_exited``.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from google.protobuf import message
 from substrate_gpu import _blocking, _defaults, _private, exceptions
 from substrate_gpu.injection import devices
 from substrate_gpu.lifecycle import Agent, actors, errors, events, hooks
+from substrate_gpu.runsc import api as runsc_api
 from substrate_gpu.service import (
     _socketfile,
     cgroup_stats,
@@ -87,6 +91,15 @@ REFUSALS: Final = frozenset(
 )
 #: How long Terminate waits for an effect another door started to finish before deleting.
 SETTLE_TIMEOUT: Final = 600.0
+#: The calls that change an actor (the ones shutdown waits for and draining refuses).
+LIFECYCLE_CALLS: Final = frozenset(
+    {"RunWorkload", "RestoreWorkload", "CheckpointWorkload", "TerminateWorkload"}
+)
+#: After SIGKILL, how long an app container may take to be gone (upstream's
+#: ``containerKillTimeout``: not drawn from the grace, which has passed by then).
+KILL_TIMEOUT: Final = 5.0
+#: How often a container's state is read while waiting for it to exit.
+EXIT_POLL: Final = 0.1
 
 
 class Door(Protocol):
@@ -206,10 +219,12 @@ class WorkerService:
         dev_root: Path = Path("/"),
         cgroup_root: Path = cgroup_stats.CGROUP_ROOT,
         max_actors: int = _defaults.MAX_ACTORS,
+        runtime: runsc_api.SandboxRuntime | None = None,
     ) -> None:
         """``dev_root``: where a GPU worker's device nodes are (each actor gets all GPUs);
         ``cgroup_root``: where the sandboxes' cgroups are read; ``max_actors``: the UIDs
-        hosted at once (``--max-actors``)."""
+        hosted at once (``--max-actors``); ``runtime``: the agent's sandbox runtime, through
+        which :meth:`shutdown` signals app containers (None: it signals none)."""
         self._service = service
         self._agent = service.agent
         self._runsc = RunscBinary(runsc)
@@ -219,6 +234,9 @@ class WorkerService:
         self._locks = _UidLocks()
         self._max_actors = max_actors
         self._admitting: set[str] = set()
+        self._runtime = runtime
+        self._in_flight: dict[int, str] = {}
+        """Lifecycle calls being answered (a token each), for :meth:`shutdown` to wait on."""
         self.draining = False
         """Set on SIGTERM: lifecycle calls are answered UNAVAILABLE from then on."""
 
@@ -599,6 +617,97 @@ class WorkerService:
         path = self._cgroups[view.actor_id]
         return path if path is not None and path.startswith("/") else None
 
+    # --- shutdown ------------------------------------------------------------------------------
+
+    async def shutdown(self, grace: float) -> None:
+        """Upstream's ``gracefulShutdown``, under one deadline ``grace`` seconds away: refuse
+        new lifecycle calls, let those in flight finish (a checkpoint saves its actor; a Run or
+        Restore goes on to where its effects take it), then SIGTERM every app container of
+        every running sandbox, SIGKILL what is left at the deadline (then up to
+        :data:`KILL_TIMEOUT` for it to go). ``_pause`` is left: it is the sandbox, deleted by a
+        later Terminate or by recovery. An actor whose apps all exited is recorded
+        ``sandbox_exited`` (``running`` → ``stopped``), so the log says what happened to it."""
+        self.draining = True
+        deadline = anyio.current_time() + grace
+        with anyio.move_on_after(grace):
+            while self._in_flight:
+                await anyio.sleep(EXIT_POLL)
+        if self._in_flight:
+            log.error(
+                "giving up waiting for in-flight worker calls at shutdown",
+                calls=sorted(self._in_flight.values()),
+            )
+        sessions = [
+            v
+            for v in self._agent.actors()
+            if self._uid_of(v) and v.state == "running" and v.containers
+        ]
+        if not sessions or self._runtime is None:
+            log.info("no app container to stop at shutdown", actors=len(sessions))
+            return
+        if not isinstance(self._runtime, runsc_api.PerActorRoot):
+            log.warning("the runtime has no per-actor roots: app containers left running")
+            return
+        stopped: dict[str, list[bool]] = {v.actor_id: [] for v in sessions}
+        async with anyio.create_task_group() as group:
+            for view in sessions:
+                runtime = self._runtime.for_actor(view.actor_id)
+                for name in view.containers:
+                    group.start_soon(
+                        self._stop_container, runtime, view.actor_id, name, deadline, stopped
+                    )
+        for actor_id, outcomes in stopped.items():
+            if outcomes and all(outcomes):
+                with contextlib.suppress(CallError):
+                    await self._submit(events.SandboxExited(actor_id=actor_id))
+        log.info("app containers stopped at shutdown", actors=len(sessions))
+
+    async def _stop_container(
+        self,
+        runtime: runsc_api.SandboxRuntime,
+        actor_id: str,
+        name: str,
+        deadline: float,
+        stopped: dict[str, list[bool]],
+    ) -> None:
+        """SIGTERM ``name``, wait for it until ``deadline``, then SIGKILL (upstream's
+        ``killContainer``); whether it is gone is appended to ``stopped[actor_id]``."""
+        log.info("sending SIGTERM to container", actor=actor_id, container=name)
+        try:
+            await runtime.kill(name, "SIGTERM")
+        except runsc_api.ContainerNotFoundError:
+            stopped[actor_id].append(True)
+            return
+        except exceptions.SubstrateGpuError as e:
+            log.warning("SIGTERM to container failed", actor=actor_id, container=name, error=str(e))
+        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
+            if await self._exited(runtime, name):
+                stopped[actor_id].append(True)
+                return
+        log.warning("grace period expired; killing container", actor=actor_id, container=name)
+        with contextlib.suppress(exceptions.SubstrateGpuError):
+            await runtime.kill(name, "SIGKILL")
+        with anyio.move_on_after(KILL_TIMEOUT):
+            if await self._exited(runtime, name):
+                stopped[actor_id].append(True)
+                return
+        log.error("container did not exit even after SIGKILL", actor=actor_id, container=name)
+        stopped[actor_id].append(False)
+
+    @staticmethod
+    async def _exited(runtime: runsc_api.SandboxRuntime, name: str) -> bool:
+        """Wait until ``runsc state`` says ``name`` is stopped (or gone); True then."""
+        while True:
+            try:
+                state = await runtime.state(name)
+            except runsc_api.ContainerNotFoundError:
+                return True
+            except exceptions.SubstrateGpuError:
+                state = None
+            if state is not None and state.status == "stopped":
+                return True
+            await anyio.sleep(EXIT_POLL)
+
     # --- serving -------------------------------------------------------------------------------
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -623,6 +732,9 @@ class WorkerService:
         async def answer(
             request: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> message.Message:
+            token = id(request)
+            if name in LIFECYCLE_CALLS:
+                self._in_flight[token] = name
             try:
                 return await call(request)
             except CallError as e:
@@ -636,6 +748,8 @@ class WorkerService:
                 await context.abort(
                     grpc.StatusCode.INTERNAL, f"{name}: unexpected {type(e).__name__}: {e}"
                 )
+            finally:
+                self._in_flight.pop(token, None)
             raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
         return answer

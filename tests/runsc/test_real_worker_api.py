@@ -11,6 +11,7 @@ SIGKILLed and restarted on its log that still serves the UID it ran.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from service.workerclient import Actor, connect, status_of
 from support import real_runsc as runsc_
 
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
+from substrate_gpu.testing import bundles
 
 OK = grpc.StatusCode.OK
 CGROUP = Path("/sys/fs/cgroup")
@@ -292,3 +294,34 @@ def test_a_restarted_agent_still_knows_its_uids(
         assert status_of(worker.TerminateWorkload, again.terminate()) == (OK, "")
     finally:
         assert second.terminate() == 0, second.stderr()[-3000:]
+
+
+def test_sigterm_stops_the_apps_in_gvisor_and_records_it(
+    worker, agent: AgentProcess, real_runsc: Path, root: Path, tmp_path: Path
+) -> None:
+    """SIGTERM to the agent: a polite app (a TERM trap) and a stubborn one (it ignores
+    TERM) in one gVisor sandbox; the first exits on SIGTERM, the second is killed at
+    the --workload-grace deadline (10 s default), the agent exits, both apps are stopped in
+    runsc, _pause is left for recovery or Terminate, and the log says sandbox_exited.
+    Also: every create/restore/start ran with upstream's flags on this runsc (accepted)."""
+    polite = "trap 'exit 0' TERM; while true; do sleep 0.1; done"
+    stubborn = "trap '' TERM; while true; do sleep 0.1; done"  # ignores TERM
+    actor = Actor(tmp_path / "stop", runsc=str(real_runsc), uid="stop", apps=("polite", "stub"))
+    actor.prepare()
+    bundles.make_bundle(actor.bundles / "polite", ["sh", "-c", polite])
+    bundles.make_bundle(actor.bundles / "stub", ["sh", "-c", stubborn])
+    assert status_of(worker.RunWorkload, actor.run()) == (OK, "")
+    started = time.monotonic()
+    assert agent.terminate() == 0, agent.stderr()[-3000:]
+    assert 9 <= time.monotonic() - started < 40
+    actor_root = root / "stop.1"
+    states = {
+        name: json.loads(runsc_.run(real_runsc, actor_root, "state", name).stdout)["status"]
+        for name in ("polite", "stub", "_pause")
+    }
+    assert states == {"polite": "stopped", "stub": "stopped", "_pause": "running"}
+    stderr = agent.stderr()
+    assert stderr.count("grace period expired; killing container") == 1  # the stubborn one
+    assert [e["actor_id"] for e in logged_events(agent.log) if e["type"] == "sandbox_exited"] == [
+        "stop.1"
+    ]
