@@ -371,8 +371,8 @@ class WorkerService:
         if scope == pb.SNAPSHOT_SCOPE_DATA:
             raise CallError(
                 grpc.StatusCode.UNIMPLEMENTED,
-                f"{call}: scope SNAPSHOT_SCOPE_DATA is not implemented by substrate-gpu (it "
-                "needs runsc fscheckpoint, not proven here); use SNAPSHOT_SCOPE_FULL",
+                f"{call}: scope SNAPSHOT_SCOPE_DATA is not implemented by substrate-gpu yet "
+                "(durable-dir volumes are not archived); use SNAPSHOT_SCOPE_FULL",
             )
         if scope != pb.SNAPSHOT_SCOPE_FULL:
             raise worker_requests.BadRequest(
