@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import time
+import uuid
 from pathlib import Path
 
 import grpc
@@ -281,13 +282,17 @@ def hanging_agent(tmp_path, standin, runc_path):
         process.terminate()
 
 
-def test_stats_answer_at_once_while_a_run_is_in_progress(hanging_agent, actor, tmp_path):
+def test_stats_answer_at_once_while_a_run_is_in_progress(hanging_agent, tmp_path, standin):
     """A Run waiting on a hung ``runsc create`` holds the UID's lifecycle lock; the stats
     reads answer at once, as upstream's: GetWorkloadStats FAILED_PRECONDITION (no sandbox
     cgroup to measure yet), GetActiveWorkloadStats a pending sample, the identity echoed and
     nothing measured."""
     from .test_agent_health import wait_for_file
 
+    # A UID of its own: on cgroup v1 runc leaves a deleted container's cgroup directory, and
+    # an earlier test's activation of the same id would be read as this one's figures.
+    uid = f"booting-{uuid.uuid4().hex[:12]}"
+    actor = Actor(tmp_path / "booting", runsc=str(standin), uid=uid).prepare()
     process, pids = hanging_agent
     worker = connect(tmp_path / "worker" / "worker.sock")
     running = worker.RunWorkload.future(actor.run(), timeout=120)
