@@ -22,6 +22,12 @@ METRICS_PORT: Final = 9477
 DRAIN_TIMEOUT_S: Final = 30.0
 """On SIGTERM/SIGINT, seconds the agent lets running effects finish (``--drain-timeout``)."""
 
+WORKLOAD_GRACE_S: Final = 10.0
+"""On SIGTERM, the worker API's one deadline for in-flight lifecycle calls and then for the
+app containers to exit after their SIGTERM, before SIGKILL (``--workload-grace``; upstream's
+``workloadGracePeriod``). With the 5 s SIGKILL wait and the drain it fits the worker pod's
+termination grace (``pools.worker_agent.TERMINATION_GRACE_S`` = drain + 15 s)."""
+
 TOOLKIT_DIR: Final = Path("/opt/nvidia-toolkit")
 """Where the NVIDIA Container Toolkit is mounted into the worker (``--toolkit-dir``)."""
 

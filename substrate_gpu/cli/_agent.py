@@ -95,6 +95,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "where the cached image layers atelet's rootfs-overlay.json names must lie; a bundle "
         "naming a layer elsewhere is refused",
     )
+    _defaulted(
+        worker,
+        "--workload-grace",
+        float,
+        _defaults.WORKLOAD_GRACE_S,
+        "on SIGTERM, seconds for in-flight worker calls (checkpoints finish) and then for "
+        "every app container to exit after its SIGTERM, before SIGKILL",
+    )
     worker.add_argument(
         "--atelet-socket",
         type=str,
@@ -281,6 +289,7 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
         dev_root=args.dev_root,
         checkpoint_root=args.checkpoint_root,
         drain_timeout=args.drain_timeout,
+        workload_grace=args.workload_grace,
         max_clients=args.max_clients,
         idle_timeout=args.idle_timeout,
         line_timeout=args.line_timeout,

@@ -50,6 +50,12 @@ class RunscFeatures:
     cuda_checkpoint_sequential: bool = False
     """``checkpoint --cuda-checkpoint-sequential`` exists: runsc runs cuda-checkpoint on one
     process at a time instead of all in parallel (multi-GPU jobs need it)."""
+    cpu_num_from_quota: bool = False
+    """The global ``--cpu-num-from-quota`` flag exists: the sentry's vCPUs from the cgroup's
+    CPU quota instead of every host CPU (upstream's worker passes it on create and restore)."""
+    allow_connected_on_save: bool = False
+    """The global ``--allow-connected-on-save`` flag exists: established connections may
+    stay open across a checkpoint (upstream's worker passes it on start)."""
     binary_sha256: str = ""
     """The SHA-256 of the runsc binary (a snapshot is tied to the build that wrote it);
     empty when the binary cannot be read."""

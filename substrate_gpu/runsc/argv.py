@@ -21,6 +21,9 @@ data, with no I/O:
 - **nvproxy-only global flags** (``--nvproxy-driver-version``,
   ``--nvproxy-allowed-driver-capabilities``) travel with ``--nvproxy`` and nowhere else:
   they configure the sandbox being booted.
+- **Per-command global flags** (``extra``): upstream's worker gives ``--cpu-num-from-quota``
+  to ``create`` and ``restore`` and ``--allow-connected-on-save`` to ``start`` only; they are
+  global flags all the same, so they go after the other global flags, before the subcommand.
 - Flag values are separate arguments (``--root R``), as in the brief; Go's ``flag`` accepts
   both that and ``--root=R``.
 """
@@ -55,11 +58,18 @@ def _prefix(inv: Invocation, *, nvproxy: bool = False) -> list[str]:
 
 
 def create(
-    inv: Invocation, container_id: str, *, bundle: Path, pid_file: Path, nvproxy: bool
+    inv: Invocation,
+    container_id: str,
+    *,
+    bundle: Path,
+    pid_file: Path,
+    nvproxy: bool,
+    extra: Sequence[str] = (),
 ) -> tuple[str, ...]:
-    """``runsc --root R [--nvproxy] create --bundle B --pid-file P ID``."""
+    """``runsc --root R [--nvproxy] [EXTRA…] create --bundle B --pid-file P ID``."""
     return (
         *_prefix(inv, nvproxy=nvproxy),
+        *extra,
         "create",
         "--bundle",
         str(bundle),
@@ -69,9 +79,9 @@ def create(
     )
 
 
-def start(inv: Invocation, container_id: str) -> tuple[str, ...]:
-    """``runsc --root R start ID`` (never ``--nvproxy``: the sandbox already exists)."""
-    return (*_prefix(inv), "start", container_id)
+def start(inv: Invocation, container_id: str, *, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """``runsc --root R [EXTRA…] start ID`` (never ``--nvproxy``: the sandbox exists)."""
+    return (*_prefix(inv), *extra, "start", container_id)
 
 
 def checkpoint(
@@ -105,14 +115,21 @@ def checkpoint(
 
 
 def restore(
-    inv: Invocation, container_id: str, *, bundle: Path, image_path: Path, nvproxy: bool
+    inv: Invocation,
+    container_id: str,
+    *,
+    bundle: Path,
+    image_path: Path,
+    nvproxy: bool,
+    extra: Sequence[str] = (),
 ) -> tuple[str, ...]:
-    """``runsc --root R [--nvproxy] restore --bundle B --image-path DIR --detach ID``.
+    """``runsc --root R [--nvproxy] [EXTRA…] restore --bundle B --image-path DIR --detach ID``.
 
     Always ``--detach``: without it runsc blocks until the restored container exits.
     """
     return (
         *_prefix(inv, nvproxy=nvproxy),
+        *extra,
         "restore",
         "--bundle",
         str(bundle),

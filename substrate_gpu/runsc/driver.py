@@ -14,6 +14,11 @@ A thin effectful shell around :mod:`substrate_gpu.runsc.argv` (what to run) and
   not cached: the next caller asks again.
 - ``nvproxy`` is decided per call by the caller: True on ``create`` and ``restore`` of a
   GPU sandbox's containers, ``_pause``'s create above all (see :mod:`.argv`).
+- **Upstream's worker flags** (``RunscConfig.upstream_worker_flags``, set for an agent serving
+  the worker API): ``--cpu-num-from-quota`` on ``create`` and ``restore``,
+  ``--allow-connected-on-save`` on ``start``, as upstream's ``cmd/ateworker-gvisor/runsc.go``
+  passes them; each only when this runsc lists it (``runsc flags``), so an older runsc is
+  run as it was rather than refused.
 - :meth:`RunscDriver.for_actor` gives a multi-container sandbox its own ``--root``
   (``<root>/<actor_id>``; runsc makes it on the first create), features detected once.
 """
@@ -79,6 +84,10 @@ class RunscConfig:
     """Per-operation timeouts."""
     pid_dir: Path | None = None
     """Where ``create`` writes ``<id>.pid``; ``None``: ``<bundle>/runsc.pid``."""
+    upstream_worker_flags: bool = False
+    """Pass what upstream's gVisor worker passes where this runsc has it:
+    ``--cpu-num-from-quota`` on ``create`` and ``restore`` (the sentry's vCPUs from the
+    sandbox's CPU quota), ``--allow-connected-on-save`` on ``start``."""
 
     @property
     def invocation(self) -> argv.Invocation:
@@ -243,6 +252,8 @@ class RunscDriver:
             nvproxy_driver_version=has_flag(flags_help, "nvproxy-driver-version"),
             list_supported_drivers=has_command(commands_help, "nvproxy"),
             cuda_checkpoint_sequential=has_flag(checkpoint_help, "cuda-checkpoint-sequential"),
+            cpu_num_from_quota=has_flag(flags_help, "cpu-num-from-quota"),
+            allow_connected_on_save=has_flag(flags_help, "allow-connected-on-save"),
             binary_sha256=await _blocking.run_abandonable(
                 lambda: binary_sha256(self.config.runsc), name="runsc-sha256"
             ),
@@ -282,6 +293,22 @@ class RunscDriver:
 
     # -- container lifecycle --------------------------------------------------------------
 
+    async def _upstream_flags(self, command: str) -> tuple[str, ...]:
+        """The global flags upstream's worker gives ``command`` that this runsc has (none
+        unless ``upstream_worker_flags``). A runsc whose features cannot be detected gets
+        none: the command itself then says what is wrong with it."""
+        if not self.config.upstream_worker_flags:
+            return ()
+        try:
+            features = await self.features()
+        except api.RunscError:
+            return ()
+        if command in {"create", "restore"}:
+            return ("--cpu-num-from-quota",) if features.cpu_num_from_quota else ()
+        if command == "start":
+            return ("--allow-connected-on-save",) if features.allow_connected_on_save else ()
+        return ()
+
     def pid_file(self, container_id: str, bundle: Path) -> Path:
         """Where ``create`` asks runsc to write the sandbox pid."""
         if self.config.pid_dir is None:
@@ -299,6 +326,7 @@ class RunscDriver:
             bundle=bundle,
             pid_file=self.pid_file(container_id, bundle),
             nvproxy=nvproxy,
+            extra=await self._upstream_flags("create"),
         )
         await self._run(
             args, timeout=self.config.timeouts.create, doing=f"creating container {container_id}"
@@ -307,7 +335,7 @@ class RunscDriver:
     async def start(self, container_id: str) -> None:
         """``runsc --root R start ID``."""
         await self._run(
-            argv.start(self._inv, container_id),
+            argv.start(self._inv, container_id, extra=await self._upstream_flags("start")),
             timeout=self.config.timeouts.start,
             doing=f"starting container {container_id}",
         )
@@ -355,7 +383,12 @@ class RunscDriver:
         """
         await self._run(
             argv.restore(
-                self._inv, container_id, bundle=bundle, image_path=image_path, nvproxy=nvproxy
+                self._inv,
+                container_id,
+                bundle=bundle,
+                image_path=image_path,
+                nvproxy=nvproxy,
+                extra=await self._upstream_flags("restore"),
             ),
             timeout=self.config.timeouts.restore,
             doing=f"restoring container {container_id}",

@@ -77,6 +77,9 @@ class AgentConfig:
     """The host's ``cuda-checkpoint``: enables runsc's ``--cuda-checkpoint-path`` route."""
     sandbox_cuda_checkpoint: str | None = None
     """``cuda-checkpoint`` as sandboxes see it: enables the exec route (``runsc exec``)."""
+    workload_grace: float = _defaults.WORKLOAD_GRACE_S
+    """On SIGTERM, the worker API's deadline for in-flight lifecycle calls and then for app
+    containers to exit after SIGTERM, before SIGKILL (``--workload-grace``)."""
     max_actors: int = DEFAULT_MAX_ACTORS
     """Actors the worker API hosts at once (a Run or Restore beyond is RESOURCE_EXHAUSTED),
     and the ``actors`` of the capacity report (``--max-actors``)."""

@@ -607,6 +607,9 @@ class Running:
     """Set to shut the agent down (as SIGTERM does)."""
     registration: capacity_report.Registration | None = None
     """The capacity report to atelet, once it is made (the worker API served)."""
+    runtime: SandboxRuntime | None = None
+    """The sandbox runtime the agent's effects use (the worker API signals app containers
+    through it at shutdown)."""
 
 
 @dataclass(frozen=True)
@@ -712,7 +715,11 @@ async def running_agent(
                 rerun=resumed.rerun,
             )
         running = Running(
-            service=AgentService(agent, metrics), metrics_url=url, recovered=resumed, health=health
+            service=AgentService(agent, metrics),
+            metrics_url=url,
+            recovered=resumed,
+            health=health,
+            runtime=components.runtime,
         )
         health.serving(lambda: running.service.log_failure)
         health.recovered(
@@ -772,6 +779,7 @@ async def _serve(
                 dev_root=config.dev_root,
                 max_actors=config.max_actors,
                 image_layers_dir=config.image_layers_dir,
+                runtime=running.runtime,
             )
             await doors.enter_async_context(
                 worker_api.serving(worker, config.worker_socket, _claim_socket_path)
@@ -807,6 +815,10 @@ async def _serve(
             if worker is not None:
                 worker.draining = True
             running.health.draining()
+            if worker is not None:
+                # As upstream's gracefulShutdown: in-flight calls finish (checkpoints save
+                # state), then every app container gets SIGTERM, SIGKILL at the deadline.
+                await worker.shutdown(config.workload_grace)
             running.service.begin_shutdown(config.drain_timeout)
             intake.cancel_scope.cancel()
         log.info("agent stopping: draining effects", timeout=config.drain_timeout)

@@ -202,7 +202,11 @@ def build_collaborators(config: AgentConfig, metrics: AgentMetrics | None = None
     """The production runsc driver, fd probe and GPU injector for ``config``."""
     runtime = driver.RunscDriver(
         driver.RunscConfig(
-            root=config.runsc_root, runsc=config.runsc, global_flags=config.runsc_flags
+            root=config.runsc_root,
+            runsc=config.runsc,
+            global_flags=config.runsc_flags,
+            # The worker API runs sandboxes as upstream's worker does (docs/worker-api.md).
+            upstream_worker_flags=config.worker_socket is not None,
         )
     )
     return Collaborators(

@@ -25,7 +25,10 @@ agent's own event loop. Each call becomes events submitted through the same
 - **Stats never wait.** They read the actor table and the sandbox's cgroup
   (:mod:`.cgroup_stats`), never the per-UID lock the lifecycle calls hold.
 - **Draining**: after SIGTERM every lifecycle call is answered ``UNAVAILABLE`` (stats still
-  answer) while the agent lets running effects finish.
+  answer). :meth:`WorkerService.shutdown` then does what upstream's ``gracefulShutdown``
+  does: the lifecycle calls in flight finish (a checkpoint saves its actor), then every app
+  container of every running sandbox gets SIGTERM, and SIGKILL at the one deadline
+  (``--workload-grace``); each actor whose apps all exited is recorded ``sandbox_exited``.
 """
 
 from __future__ import annotations
@@ -51,7 +54,14 @@ from substrate_gpu import _blocking, _defaults, _private, exceptions
 from substrate_gpu.injection import devices
 from substrate_gpu.lifecycle import Agent, actors, errors, events, hooks, sandbox
 from substrate_gpu.rootfs import mounts, overlay
-from substrate_gpu.service import _socketfile, cgroup_stats, protocol, worker_requests
+from substrate_gpu.runsc import api as runsc_api
+from substrate_gpu.service import (
+    _socketfile,
+    cgroup_stats,
+    protocol,
+    reflection,
+    worker_requests,
+)
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -82,6 +92,15 @@ REFUSALS: Final = frozenset(
 )
 #: How long Terminate waits for an effect another door started to finish before deleting.
 SETTLE_TIMEOUT: Final = 600.0
+#: The calls that change an actor (the ones shutdown waits for and draining refuses).
+LIFECYCLE_CALLS: Final = frozenset(
+    {"RunWorkload", "RestoreWorkload", "CheckpointWorkload", "TerminateWorkload"}
+)
+#: After SIGKILL, how long an app container may take to be gone (upstream's
+#: ``containerKillTimeout``: not drawn from the grace, which has passed by then).
+KILL_TIMEOUT: Final = 5.0
+#: How often a container's state is read while waiting for it to exit.
+EXIT_POLL: Final = 0.1
 
 
 class Door(Protocol):
@@ -99,6 +118,14 @@ class Door(Protocol):
     def reject(self, error: protocol.RequestError, line_number: int) -> bytes:
         """Count and log a refusal."""
         ...
+
+
+_LifecycleRequest = (
+    pb.RunWorkloadRequest
+    | pb.RestoreWorkloadRequest
+    | pb.CheckpointWorkloadRequest
+    | pb.TerminateWorkloadRequest
+)
 
 
 class CallError(exceptions.SubstrateGpuError):
@@ -148,9 +175,10 @@ class RunscBinary:
         self._digests: dict[tuple[int, int, int, int], str] = {}
 
     def check(self, runsc_path: str) -> None:
-        """Raise :class:`CallError` unless ``runsc_path`` is empty or our binary."""
+        """Raise :class:`CallError` unless ``runsc_path`` is our binary; empty is
+        :class:`~.worker_requests.BadRequest`, as upstream's ``ValidateRuntimeAssetPath``."""
         if not runsc_path:
-            return
+            raise worker_requests.BadRequest("runsc_path: Required value")
         candidate = Path(runsc_path)
         if not candidate.is_absolute() or not candidate.is_file():
             raise CallError(
@@ -193,11 +221,14 @@ class WorkerService:
         cgroup_root: Path = cgroup_stats.CGROUP_ROOT,
         max_actors: int = _defaults.MAX_ACTORS,
         image_layers_dir: Path = overlay.DEFAULT_LAYERS_DIR,
+        runtime: runsc_api.SandboxRuntime | None = None,
     ) -> None:
         """``dev_root``: where a GPU worker's device nodes are (each actor gets all GPUs);
         ``cgroup_root``: where the sandboxes' cgroups are read; ``max_actors``: the UIDs
         hosted at once (``--max-actors``); ``image_layers_dir``: where the cached image
-        layers a bundle's ``rootfs-overlay.json`` names must lie (``--image-layers-dir``)."""
+        layers a bundle's ``rootfs-overlay.json`` names must lie (``--image-layers-dir``);
+        ``runtime``: the agent's sandbox runtime, through which :meth:`shutdown` signals app
+        containers (None: it signals none)."""
         self._service = service
         self._agent = service.agent
         self._runsc = RunscBinary(runsc)
@@ -208,6 +239,9 @@ class WorkerService:
         self._max_actors = max_actors
         self._admitting: set[str] = set()
         self._layers_dir = image_layers_dir
+        self._runtime = runtime
+        self._in_flight: dict[int, str] = {}
+        """Lifecycle calls being answered (a token each), for :meth:`shutdown` to wait on."""
         self.draining = False
         """Set on SIGTERM: lifecycle calls are answered UNAVAILABLE from then on."""
 
@@ -215,9 +249,8 @@ class WorkerService:
 
     async def RunWorkload(self, request: pb.RunWorkloadRequest) -> pb.RunWorkloadResponse:
         """Register a new activation of the sandbox and run it; OK once it is running."""
-        uid = self._begin(request.actor_uid)
+        uid = self._begin(request)
         workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
-        self._runsc.check(request.runsc_path)
         async with self._locks.held(uid):
             actor_id = await self._activate(uid, request, workload)
             await self._reach(actor_id, events.RunRequested(actor_id=actor_id), "running", "run")
@@ -227,7 +260,7 @@ class WorkerService:
         self, request: pb.RestoreWorkloadRequest
     ) -> pb.RestoreWorkloadResponse:
         """Register a new activation and restore it from ``actor_dirs.restore_dir``."""
-        uid = self._begin(request.actor_uid)
+        uid = self._begin(request)
         self._full_scope(request.scope, "RestoreWorkload")
         workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
         image = worker_requests.check_dir(request.actor_dirs.restore_dir, "actor_dirs.restore_dir")
@@ -235,7 +268,6 @@ class WorkerService:
             raise worker_requests.BadRequest(
                 f"actor_dirs.restore_dir {str(image)!r} holds no checkpoint.img"
             )
-        self._runsc.check(request.runsc_path)
         async with self._locks.held(uid):
             actor_id = await self._activate(uid, request, workload)
             # runsc restore only reads the image: restore_dir is left as it is whether or
@@ -249,14 +281,9 @@ class WorkerService:
     ) -> pb.CheckpointWorkloadResponse:
         """Checkpoint the running sandbox into ``actor_dirs.checkpoint_dir``, then tear it
         down; the files written there."""
-        uid = self._begin(request.actor_uid)
+        uid = self._begin(request)
         self._full_scope(request.scope, "CheckpointWorkload")
         directory = request.actor_dirs.checkpoint_dir
-        if not directory or not Path(directory).is_absolute():
-            raise worker_requests.BadRequest(
-                f"actor_dirs.checkpoint_dir {directory!r} is not an absolute path"
-            )
-        self._runsc.check(request.runsc_path)
         async with self._locks.held(uid):
             view = self._live(uid)
             if view is None:
@@ -292,7 +319,7 @@ class WorkerService:
         self, request: pb.TerminateWorkloadRequest
     ) -> pb.TerminateWorkloadResponse:
         """Delete every live activation of the UID; OK when there is none (idempotent)."""
-        uid = self._begin(request.actor_uid)
+        uid = self._begin(request)
         async with self._locks.held(uid):
             while (view := self._live(uid)) is not None:
                 await self._delete(view.actor_id)
@@ -306,7 +333,16 @@ class WorkerService:
         view = self._live(uid)
         if view is None:
             raise CallError(grpc.StatusCode.NOT_FOUND, f"this worker is not executing {uid!r}")
-        return pb.GetWorkloadStatsResponse(sample=await self._sample(view))
+        sample = await self._sample(view)
+        if sample.source == pb.STATS_SOURCE_UNSPECIFIED:
+            # Upstream's answer while a boot has not made the sandbox's cgroup yet (or a
+            # teardown removed it): "no numbers right now", take the next sample.
+            raise CallError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"no sandbox cgroup to measure yet: actor {uid!r} (here {view.actor_id!r}) "
+                f"is {view.state!r}",
+            )
+        return pb.GetWorkloadStatsResponse(sample=sample)
 
     async def GetActiveWorkloadStats(
         self, request: pb.GetActiveWorkloadStatsRequest
@@ -317,9 +353,16 @@ class WorkerService:
 
     # --- the machine ------------------------------------------------------------------------
 
-    def _begin(self, uid: str) -> str:
+    def _begin(self, request: _LifecycleRequest) -> str:
+        """The checks every lifecycle call starts with: not draining, the UID, every
+        ``actor_dirs`` field and ``runsc_path`` (upstream validates the last two first of all,
+        on Terminate too)."""
         self._not_draining()
-        return worker_requests.check_uid(uid)
+        uid = worker_requests.check_uid(request.actor_uid)
+        dirs = request.actor_dirs if request.HasField("actor_dirs") else None
+        worker_requests.check_actor_dirs(dirs)
+        self._runsc.check(request.runsc_path)
+        return uid
 
     def _not_draining(self) -> None:
         if self.draining:
@@ -333,8 +376,8 @@ class WorkerService:
         if scope == pb.SNAPSHOT_SCOPE_DATA:
             raise CallError(
                 grpc.StatusCode.UNIMPLEMENTED,
-                f"{call}: scope SNAPSHOT_SCOPE_DATA is not implemented by substrate-gpu (it "
-                "needs runsc fscheckpoint, not proven here); use SNAPSHOT_SCOPE_FULL",
+                f"{call}: scope SNAPSHOT_SCOPE_DATA is not implemented by substrate-gpu yet "
+                "(durable-dir volumes are not archived); use SNAPSHOT_SCOPE_FULL",
             )
         if scope != pb.SNAPSHOT_SCOPE_FULL:
             raise worker_requests.BadRequest(
@@ -463,6 +506,10 @@ class WorkerService:
         identity[EPOCH_KEY] = str(time.time_ns())
         gpu = bool(workload.gpu_names) or self._gpu_worker
         bundle = str(workload.bundle_dir)
+        if not workload.containers:
+            # ``_pause`` alone (upstream boots it and no app): a one-container sandbox, the
+            # machine's single-container actor on ``_pause``'s bundle. No app, no GPU.
+            gpu, bundle = False, str(workload.bundle_dir / worker_requests.PAUSE)
         await self._submit(
             events.ActorRegistered(
                 actor_id=actor_id,
@@ -623,8 +670,10 @@ class WorkerService:
         if view.actor_id not in self._cgroups:
             path = None
             with contextlib.suppress(worker_requests.BadRequest):
+                # A ``_pause``-alone activation's bundle is ``_pause``'s own (see _register).
+                bundle_dir = Path(view.bundle) if view.containers else Path(view.bundle).parent
                 config = await _blocking.run_abandonable(
-                    functools.partial(worker_requests.read_pause_config, Path(view.bundle)),
+                    functools.partial(worker_requests.read_pause_config, bundle_dir),
                     name="substrate-gpu read bundle",
                 )
                 linux = config.get("linux")
@@ -633,6 +682,97 @@ class WorkerService:
             self._cgroups[view.actor_id] = path
         path = self._cgroups[view.actor_id]
         return path if path is not None and path.startswith("/") else None
+
+    # --- shutdown ------------------------------------------------------------------------------
+
+    async def shutdown(self, grace: float) -> None:
+        """Upstream's ``gracefulShutdown``, under one deadline ``grace`` seconds away: refuse
+        new lifecycle calls, let those in flight finish (a checkpoint saves its actor; a Run or
+        Restore goes on to where its effects take it), then SIGTERM every app container of
+        every running sandbox, SIGKILL what is left at the deadline (then up to
+        :data:`KILL_TIMEOUT` for it to go). ``_pause`` is left: it is the sandbox, deleted by a
+        later Terminate or by recovery. An actor whose apps all exited is recorded
+        ``sandbox_exited`` (``running`` → ``stopped``), so the log says what happened to it."""
+        self.draining = True
+        deadline = anyio.current_time() + grace
+        with anyio.move_on_after(grace):
+            while self._in_flight:
+                await anyio.sleep(EXIT_POLL)
+        if self._in_flight:
+            log.error(
+                "giving up waiting for in-flight worker calls at shutdown",
+                calls=sorted(self._in_flight.values()),
+            )
+        sessions = [
+            v
+            for v in self._agent.actors()
+            if self._uid_of(v) and v.state == "running" and v.containers
+        ]
+        if not sessions or self._runtime is None:
+            log.info("no app container to stop at shutdown", actors=len(sessions))
+            return
+        if not isinstance(self._runtime, runsc_api.PerActorRoot):
+            log.warning("the runtime has no per-actor roots: app containers left running")
+            return
+        stopped: dict[str, list[bool]] = {v.actor_id: [] for v in sessions}
+        async with anyio.create_task_group() as group:
+            for view in sessions:
+                runtime = self._runtime.for_actor(view.actor_id)
+                for name in view.containers:
+                    group.start_soon(
+                        self._stop_container, runtime, view.actor_id, name, deadline, stopped
+                    )
+        for actor_id, outcomes in stopped.items():
+            if outcomes and all(outcomes):
+                with contextlib.suppress(CallError):
+                    await self._submit(events.SandboxExited(actor_id=actor_id))
+        log.info("app containers stopped at shutdown", actors=len(sessions))
+
+    async def _stop_container(
+        self,
+        runtime: runsc_api.SandboxRuntime,
+        actor_id: str,
+        name: str,
+        deadline: float,
+        stopped: dict[str, list[bool]],
+    ) -> None:
+        """SIGTERM ``name``, wait for it until ``deadline``, then SIGKILL (upstream's
+        ``killContainer``); whether it is gone is appended to ``stopped[actor_id]``."""
+        log.info("sending SIGTERM to container", actor=actor_id, container=name)
+        try:
+            await runtime.kill(name, "SIGTERM")
+        except runsc_api.ContainerNotFoundError:
+            stopped[actor_id].append(True)
+            return
+        except exceptions.SubstrateGpuError as e:
+            log.warning("SIGTERM to container failed", actor=actor_id, container=name, error=str(e))
+        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
+            if await self._exited(runtime, name):
+                stopped[actor_id].append(True)
+                return
+        log.warning("grace period expired; killing container", actor=actor_id, container=name)
+        with contextlib.suppress(exceptions.SubstrateGpuError):
+            await runtime.kill(name, "SIGKILL")
+        with anyio.move_on_after(KILL_TIMEOUT):
+            if await self._exited(runtime, name):
+                stopped[actor_id].append(True)
+                return
+        log.error("container did not exit even after SIGKILL", actor=actor_id, container=name)
+        stopped[actor_id].append(False)
+
+    @staticmethod
+    async def _exited(runtime: runsc_api.SandboxRuntime, name: str) -> bool:
+        """Wait until ``runsc state`` says ``name`` is stopped (or gone); True then."""
+        while True:
+            try:
+                state = await runtime.state(name)
+            except runsc_api.ContainerNotFoundError:
+                return True
+            except exceptions.SubstrateGpuError:
+                state = None
+            if state is not None and state.status == "stopped":
+                return True
+            await anyio.sleep(EXIT_POLL)
 
     # --- serving -------------------------------------------------------------------------------
 
@@ -658,6 +798,9 @@ class WorkerService:
         async def answer(
             request: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> message.Message:
+            token = id(request)
+            if name in LIFECYCLE_CALLS:
+                self._in_flight[token] = name
             try:
                 return await call(request)
             except CallError as e:
@@ -671,6 +814,8 @@ class WorkerService:
                 await context.abort(
                     grpc.StatusCode.INTERNAL, f"{name}: unexpected {type(e).__name__}: {e}"
                 )
+            finally:
+                self._in_flight.pop(token, None)
             raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
         return answer
@@ -700,6 +845,7 @@ async def serving(
     await worker.release_stale_mounts()
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((worker.handler(),))
+    reflection.register(server, SERVICE.full_name)  # as upstream's worker: grpcurl works
     try:
         with _socketfile.private_umask():
             server.add_insecure_port(f"unix:{path}")

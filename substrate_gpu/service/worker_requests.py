@@ -10,6 +10,7 @@ request field (or the file) at fault, which the servicer answers with ``INVALID_
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,18 @@ CDI_ANNOTATION_PREFIX: Final = "cdi.k8s.io/"
 CPU_PERIOD_USEC: Final = 100_000
 #: Where a sandbox's cgroup goes when its root bundle names none (see :func:`apply_size`).
 CGROUP_PARENT: Final = "/substrate-gpu"
+
+
+#: Every directory of ``ActorDirs``, each required (upstream's ``resources.ValidateActorDirs``).
+ACTOR_DIRS: Final = (
+    "root_dir",
+    "oci_bundle_dir",
+    "checkpoint_dir",
+    "restore_dir",
+    "durable_dir_volume_mounts_dir",
+    "system_info_volume_roots_dir",
+    "volumes_dir",
+)
 
 
 class BadRequest(exceptions.SubstrateGpuError):
@@ -63,10 +76,35 @@ def check_uid(uid: str, field: str = "actor_uid") -> str:
     return uid
 
 
+def is_clean_absolute(path: str) -> bool:
+    """``path`` is absolute and already clean: what Go's ``filepath.Clean`` leaves alone
+    (no ``.``, ``..``, empty or trailing components; one leading ``/``)."""
+    return path.startswith("/") and not path.startswith("//") and os.path.normpath(path) == path
+
+
+def check_actor_dirs(dirs: object | None, field: str = "actor_dirs") -> None:
+    """Every ``ActorDirs`` directory set, absolute and clean, as upstream's worker checks them
+    before anything else (``resources.ValidateActorDirs``); one :class:`BadRequest` naming
+    each field at fault, in upstream's words (``actor_dirs.volumes_dir: Required value``)."""
+    if dirs is None:
+        raise BadRequest(f"{field}: Required value")
+    problems = []
+    for name in ACTOR_DIRS:
+        value = getattr(dirs, name)
+        if not isinstance(value, str) or not value:
+            problems.append(f"{field}.{name}: Required value")
+        elif not is_clean_absolute(value):
+            problems.append(
+                f'{field}.{name}: Invalid value: "{value}": must be an absolute, clean path'
+            )
+    if problems:
+        # k8s' field.ErrorList aggregate: one error as is, several in brackets.
+        raise BadRequest(problems[0] if len(problems) == 1 else f"[{', '.join(problems)}]")
+
+
 def check_containers(names_: Sequence[str]) -> tuple[str, ...]:
-    """The app container names of ``spec.containers``, checked (order kept)."""
-    if not names_:
-        raise BadRequest("spec.containers is empty: a workload has at least one app container")
+    """The app container names of ``spec.containers``, checked (order kept). None is fine:
+    the sandbox is ``_pause`` alone, as upstream's worker runs it."""
     seen: set[str] = set()
     for i, name in enumerate(names_):
         where = f"spec.containers[{i}].name"

@@ -27,7 +27,10 @@ import time
 from pathlib import Path
 
 ENV = os.environ
-DEFAULT_FEATURES = "leave-running,cuda-checkpoint-path,nvproxy-list,nvproxy-driver-version"
+DEFAULT_FEATURES = (
+    "leave-running,cuda-checkpoint-path,nvproxy-list,nvproxy-driver-version,"
+    "cpu-num-from-quota,allow-connected-on-save"
+)
 FEATURES = {f.strip() for f in ENV.get("RUNSC_STANDIN_FEATURES", DEFAULT_FEATURES).split(",")}
 VERSION = ENV.get("RUNSC_STANDIN_VERSION", "release-20250512.0")
 DRIVERS = [
@@ -60,6 +63,10 @@ GLOBAL_FLAGS = {
 }
 if "nvproxy-driver-version" in FEATURES:
     GLOBAL_FLAGS["nvproxy-driver-version"] = True
+# Global booleans of today's runsc that older builds lack (upstream's worker passes them).
+for _flag in ("cpu-num-from-quota", "allow-connected-on-save"):
+    if _flag in FEATURES:
+        GLOBAL_FLAGS[_flag] = False
 
 COMMAND_FLAGS: dict[str, dict[str, bool]] = {
     "create": {"bundle": True, "pid-file": True, "console-socket": True, "user-log": True},

@@ -128,9 +128,9 @@ def direct_round(runsc: Path, base: Path, bundle_dir: Path, i: int) -> list[floa
     return [t1 - t0, t2 - t1, t3 - t2]
 
 
-def grpc_round(worker: Any, base: Path, i: int) -> list[float]:
+def grpc_round(worker: Any, base: Path, i: int, runsc: Path) -> list[float]:
     """The same life through the worker API (fresh bundles each call, as atelet prepares)."""
-    actor = workerclient.Actor(base / f"actor-{i}", uid=f"bench-{i}")
+    actor = workerclient.Actor(base / f"actor-{i}", uid=f"bench-{i}", runsc=str(runsc))
     actor.prepare()
     t0 = time.perf_counter()
     worker.RunWorkload(actor.run(), timeout=120)
@@ -221,7 +221,7 @@ def main_run(rounds: int, smoke: bool) -> int:
             worker = workerclient.connect(sock)
             bundle_dir = _direct_bundles(base)
             for i in range(rounds):
-                grpc_times.append(grpc_round(worker, base, i))
+                grpc_times.append(grpc_round(worker, base, i, runsc))
                 direct_times.append(direct_round(runsc, base, bundle_dir, i))
         except Exception:
             print((base / "agent.stderr").read_text()[-4000:], file=sys.stderr)

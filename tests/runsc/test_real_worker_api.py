@@ -11,6 +11,7 @@ SIGKILLed and restarted on its log that still serves the UID it ran.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from service.workerclient import Actor, connect, status_of
 from support import real_runsc as runsc_
 
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
+from substrate_gpu.testing import bundles
 
 OK = grpc.StatusCode.OK
 CGROUP = Path("/sys/fs/cgroup")
@@ -101,7 +103,7 @@ def test_a_sandboxs_whole_life_through_the_worker_api(
     """Run → running (measured from its cgroup, listed by the JSON door) → Checkpoint (the
     files, nothing left running) → Restore from a preserved snapshot (the count goes on, the
     snapshot untouched) → Terminate, twice. Every step is the machine's events in the log."""
-    actor = Actor(tmp_path / "actor").prepare()
+    actor = Actor(tmp_path / "actor", runsc=str(real_runsc)).prepare()
     first = root / f"{actor.uid}.1"
     assert status_of(worker.RunWorkload, actor.run()) == (OK, "")
     assert sorted(runsc_.list_ids(real_runsc, first)) == ["_pause", "app"]
@@ -186,7 +188,7 @@ def test_the_size_is_applied_to_the_sandboxs_cgroup(
     worker, real_runsc: Path, root: Path, tmp_path: Path
 ) -> None:
     """cpu_milli and memory_bytes become the sandbox cgroup's CPU quota and memory limit."""
-    actor = Actor(tmp_path / "sized", uid="sized").prepare()
+    actor = Actor(tmp_path / "sized", runsc=str(real_runsc), uid="sized").prepare()
     request = actor.run(cpu_milli=500, memory_bytes=256 * 1024 * 1024)
     assert status_of(worker.RunWorkload, request) == (OK, "")
     cgroup = "substrate-gpu/sized.1"
@@ -206,7 +208,7 @@ def test_a_refused_checkpoint_keeps_the_actor_running(
 ) -> None:
     """A live CUDA context the actor has no route to suspend: FAILED_PRECONDITION with the
     machine's reason, and the sandbox goes on running (upstream's worker loses it here)."""
-    actor = Actor(tmp_path / "refused", uid="refused").prepare()
+    actor = Actor(tmp_path / "refused", runsc=str(real_runsc), uid="refused").prepare()
     assert status_of(worker.RunWorkload, actor.run()) == (OK, "")
     with agent.client() as client:  # the node agent saw a context open (the other door)
         assert client.request(event("cuda_context_opened", "refused.1", pid=7))["ok"]
@@ -225,14 +227,16 @@ def test_a_failing_run_leaves_nothing_and_a_new_one_works(
 ) -> None:
     """An app that cannot start: INTERNAL with the runtime's reason, the activation deleted
     (no container left, stats NOT_FOUND); the next Run of the UID is a new activation."""
-    broken = Actor(tmp_path / "broken", uid="flaky", app_args=["/no/such/binary"]).prepare()
+    broken = Actor(
+        tmp_path / "broken", runsc=str(real_runsc), uid="flaky", app_args=["/no/such/binary"]
+    ).prepare()
     code, message = status_of(worker.RunWorkload, broken.run())
     assert code == grpc.StatusCode.INTERNAL, message
     assert "run of actor 'flaky.1' failed" in message
     assert runsc_.list_ids(real_runsc, root / "flaky.1") == []
     code, _ = status_of(worker.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid="flaky"))
     assert code == grpc.StatusCode.NOT_FOUND
-    good = Actor(tmp_path / "good", uid="flaky").prepare()
+    good = Actor(tmp_path / "good", runsc=str(real_runsc), uid="flaky").prepare()
     assert status_of(worker.RunWorkload, good.run()) == (OK, "")
     assert sorted(runsc_.list_ids(real_runsc, root / "flaky.2")) == ["_pause", "app"]
     assert status_of(worker.TerminateWorkload, good.terminate()) == (OK, "")
@@ -243,7 +247,7 @@ def test_a_failing_restore_leaves_nothing_and_the_snapshot_as_it_was(
 ) -> None:
     """A checkpoint.img runsc cannot read: an error with the reason, nothing left running,
     restore_dir untouched."""
-    actor = Actor(tmp_path / "bad-image", uid="bad-image").prepare()
+    actor = Actor(tmp_path / "bad-image", runsc=str(real_runsc), uid="bad-image").prepare()
     actor.restore.mkdir()
     (actor.restore / "checkpoint.img").write_bytes(b"not an image")
     kept = _digests(actor.restore)
@@ -265,7 +269,7 @@ def test_a_restarted_agent_still_knows_its_uids(
     it, numbers the next activation after it, and terminates it."""
     flags = [f"--runsc-flag={f}" for f in runsc_.GLOBAL_FLAGS]
     args = ("--runsc", str(real_runsc), *flags, "--worker-socket", str(tmp_path / "worker.sock"))
-    actor = Actor(tmp_path / "kept", uid="kept").prepare()
+    actor = Actor(tmp_path / "kept", runsc=str(real_runsc), uid="kept").prepare()
     first = AgentProcess.on_socket(tmp_path, *args)
     try:
         worker = connect(tmp_path / "worker.sock")
@@ -284,9 +288,40 @@ def test_a_restarted_agent_still_knows_its_uids(
         assert code == grpc.StatusCode.FAILED_PRECONDITION and "'kept.1'" in message
         assert status_of(worker.TerminateWorkload, actor.terminate()) == (OK, "")
         assert runsc_.list_ids(real_runsc, root / "kept.1") == []
-        again = Actor(tmp_path / "again", uid="kept").prepare()
+        again = Actor(tmp_path / "again", runsc=str(real_runsc), uid="kept").prepare()
         assert status_of(worker.RunWorkload, again.run()) == (OK, "")
         assert sorted(runsc_.list_ids(real_runsc, root / "kept.2")) == ["_pause", "app"]
         assert status_of(worker.TerminateWorkload, again.terminate()) == (OK, "")
     finally:
         assert second.terminate() == 0, second.stderr()[-3000:]
+
+
+def test_sigterm_stops_the_apps_in_gvisor_and_records_it(
+    worker, agent: AgentProcess, real_runsc: Path, root: Path, tmp_path: Path
+) -> None:
+    """SIGTERM to the agent: a polite app (a TERM trap) and a stubborn one (it ignores
+    TERM) in one gVisor sandbox; the first exits on SIGTERM, the second is killed at
+    the --workload-grace deadline (10 s default), the agent exits, both apps are stopped in
+    runsc, _pause is left for recovery or Terminate, and the log says sandbox_exited.
+    Also: every create/restore/start ran with upstream's flags on this runsc (accepted)."""
+    polite = "trap 'exit 0' TERM; while true; do sleep 0.1; done"
+    stubborn = "trap '' TERM; while true; do sleep 0.1; done"  # ignores TERM
+    actor = Actor(tmp_path / "stop", runsc=str(real_runsc), uid="stop", apps=("polite", "stub"))
+    actor.prepare()
+    bundles.make_bundle(actor.bundles / "polite", ["sh", "-c", polite])
+    bundles.make_bundle(actor.bundles / "stub", ["sh", "-c", stubborn])
+    assert status_of(worker.RunWorkload, actor.run()) == (OK, "")
+    started = time.monotonic()
+    assert agent.terminate() == 0, agent.stderr()[-3000:]
+    assert 9 <= time.monotonic() - started < 40
+    actor_root = root / "stop.1"
+    states = {
+        name: json.loads(runsc_.run(real_runsc, actor_root, "state", name).stdout)["status"]
+        for name in ("polite", "stub", "_pause")
+    }
+    assert states == {"polite": "stopped", "stub": "stopped", "_pause": "running"}
+    stderr = agent.stderr()
+    assert stderr.count("grace period expired; killing container") == 1  # the stubborn one
+    assert [e["actor_id"] for e in logged_events(agent.log) if e["type"] == "sandbox_exited"] == [
+        "stop.1"
+    ]

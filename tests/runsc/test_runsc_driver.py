@@ -274,3 +274,56 @@ def test_standin_rejects_misplaced_flags_like_runsc(args: list[str], message: st
     """The stand-in parses flags like Go's flag package: a misplaced flag is exit 2."""
     result = subprocess.run([str(STANDIN), *args], capture_output=True, text=True, check=False)
     assert (result.returncode, result.stderr.strip()) == (2, message)
+
+
+@pytest.mark.parametrize(
+    ("features_env", "upstream", "expected"),
+    [
+        pytest.param(
+            None,
+            True,
+            {
+                "create": ["--cpu-num-from-quota"],
+                "start": ["--allow-connected-on-save"],
+                "restore": ["--cpu-num-from-quota"],
+            },
+            id="worker-api-on-todays-runsc",
+        ),
+        pytest.param(
+            "leave-running", True, {"create": [], "start": [], "restore": []}, id="older-runsc"
+        ),
+        pytest.param(None, False, {"create": [], "start": [], "restore": []}, id="json-door"),
+    ],
+)
+async def test_upstreams_worker_flags_go_where_upstream_puts_them_when_runsc_has_them(
+    runsc_root: Path,
+    argv_log,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    features_env: str | None,
+    upstream: bool,
+    expected: dict[str, list[str]],
+) -> None:
+    """``--cpu-num-from-quota`` on create and restore, ``--allow-connected-on-save`` on start
+    (upstream's runsc.go), global flags before the subcommand, each only if ``runsc flags``
+    lists it, and only for an agent serving the worker API."""
+    if features_env is not None:
+        monkeypatch.setenv("RUNSC_STANDIN_FEATURES", features_env)
+    runtime = driver.RunscDriver(
+        driver.RunscConfig(root=runsc_root, runsc=str(STANDIN), upstream_worker_flags=upstream)
+    ).for_actor("a.1")
+    missing = tmp_path / "no-bundle"
+    for call in (
+        runtime.create("c", missing, nvproxy=False),
+        runtime.start("c"),
+        runtime.restore("c", missing, tmp_path / "image", nvproxy=False),
+    ):
+        with pytest.raises(api.RunscError):  # no such bundle or container: argv is logged
+            await call
+    found = {}
+    for entry in argv_log.entries():
+        for command in ("create", "start", "restore"):
+            if command in entry:
+                flags = entry[entry.index(str(runsc_root / "a.1")) + 1 : entry.index(command)]
+                found[command] = [f for f in flags if f.startswith("--") and "=" not in f]
+    assert found == expected

@@ -45,6 +45,7 @@ class AgentProcess:
         """``log_level`` None: the agent's own default (no ``--log-level``); ``umask``: the
         agent's (-1: this process's)."""
         self.tmp = tmp
+        self.args = args
         self.socket = tmp / "agent.sock"
         self.log = tmp / "events.jsonl"
         self.stderr_path = tmp / f"agent-{time.monotonic_ns()}.stderr"
@@ -60,6 +61,12 @@ class AgentProcess:
             env={**os.environ, **(env or {})},
             umask=umask,
         )
+
+    @property
+    def runsc(self) -> str:
+        """The agent's ``--runsc`` (the last one given wins, as the parser reads it)."""
+        given = [v for flag, v in zip(self.args, self.args[1:], strict=False) if flag == "--runsc"]
+        return given[-1] if given else "runsc"
 
     @classmethod
     def on_socket(cls, tmp: Path, *extra: str, wait: bool = True, **kwargs: Any) -> AgentProcess:

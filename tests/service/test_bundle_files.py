@@ -18,6 +18,7 @@ import grpc
 import pytest
 
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
+from substrate_gpu.testing import node as node_
 
 from .agentproc import AgentProcess, event, free_port, probe
 from .workerclient import Actor, connect, status_of
@@ -39,6 +40,9 @@ class Doors:
             str(self.port),
             "--liveness-timeout",
             "1",
+            # requests name it (runsc_path is required); the calls here never reach runsc
+            "--runsc",
+            str(node_.install_runsc_standin(tmp / "bin")),
         )
         self.worker = connect(self.worker_socket)
 
@@ -71,7 +75,7 @@ def test_a_fifo_config_is_refused_at_once_and_both_doors_and_liveness_keep_answe
     """``_pause/config.json`` a FIFO nobody writes: the worker API's Run is INVALID_ARGUMENT
     naming it, the JSON door's sandbox actor fails naming it (its annotations are read),
     stats (which read ``_pause``'s cgroup back) answer, and /healthz stays 200."""
-    actor = Actor(tmp_path / "actor").prepare()
+    actor = Actor(tmp_path / "actor", runsc=doors.agent.runsc).prepare()
     fifo = actor.bundles / "_pause" / "config.json"
     fifo.unlink()
     os.mkfifo(fifo)
@@ -113,7 +117,7 @@ def test_a_symlinked_container_directory_is_refused_and_nothing_is_written_throu
     """``oci_bundle_dir/_pause`` a link to a bundle elsewhere: RunWorkload is INVALID_ARGUMENT
     naming the link, the bundle it points at is byte-for-byte as it was (no cgroupsPath, no
     CRI annotations), and nothing is registered."""
-    actor = Actor(tmp_path / "actor").prepare()
+    actor = Actor(tmp_path / "actor", runsc=doors.agent.runsc).prepare()
     pause = actor.bundles / "_pause"
     elsewhere = tmp_path / "elsewhere"
     pause.rename(elsewhere)

@@ -64,7 +64,9 @@ def test_a_worker_api_checkpoint_is_private(
     """``actor_dirs.checkpoint_dir``: made 0700 when absent, atelet's own directory left as
     it is; every file in it 0600 before CheckpointWorkload answers."""
     worker = connect(agent.tmp / "worker" / "worker.sock")
-    actor = Actor(tmp_path / "actor", uid=f"modes-{int(made_by_atelet)}").prepare()
+    actor = Actor(
+        tmp_path / "actor", runsc=agent.runsc, uid=f"modes-{int(made_by_atelet)}"
+    ).prepare()
     if made_by_atelet:
         actor.checkpoint.mkdir(mode=0o755)
     assert status_of(worker.RunWorkload, actor.run()) == (OK, "")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import time
+import uuid
 from pathlib import Path
 
 import grpc
@@ -60,8 +61,8 @@ def worker(agent, tmp_path):
 
 
 @pytest.fixture
-def actor(tmp_path):
-    return Actor(tmp_path / "actor").prepare()
+def actor(tmp_path, standin):
+    return Actor(tmp_path / "actor", runsc=str(standin)).prepare()
 
 
 def test_the_worker_socket_is_private(agent, tmp_path):
@@ -78,25 +79,45 @@ def test_the_worker_socket_is_private(agent, tmp_path):
         pytest.param({"actor_uid": ""}, INVALID, "actor_uid is required", id="no-uid"),
         pytest.param({"actor_uid": "a/b"}, INVALID, "actor_uid 'a/b'", id="bad-uid"),
         pytest.param(
-            {"actor_dirs": pb.ActorDirs(oci_bundle_dir="/nonexistent/bundles")},
+            {"actor_dirs": {"oci_bundle_dir": "/nonexistent/bundles"}},
             INVALID,
             "actor_dirs.oci_bundle_dir '/nonexistent/bundles' is not a directory",
             id="no-bundle-dir",
         ),
         pytest.param(
-            {"actor_dirs": pb.ActorDirs(oci_bundle_dir="bundles")},
+            {"actor_dirs": {"oci_bundle_dir": "bundles"}},
             INVALID,
-            "not an absolute path",
+            'actor_dirs.oci_bundle_dir: Invalid value: "bundles": must be an absolute, clean path',
             id="relative-bundle-dir",
         ),
+        pytest.param(
+            {"actor_dirs": {"root_dir": "/actors/a/../b"}},
+            INVALID,
+            'actor_dirs.root_dir: Invalid value: "/actors/a/../b": must be an absolute, clean',
+            id="unclean-root-dir",
+        ),
+        pytest.param(
+            {"actor_dirs": {"volumes_dir": ""}},
+            INVALID,
+            "actor_dirs.volumes_dir: Required value",
+            id="no-volumes-dir",
+        ),
+        pytest.param(
+            {"actor_dirs": {"durable_dir_volume_mounts_dir": "", "restore_dir": "r"}},
+            INVALID,
+            '[actor_dirs.restore_dir: Invalid value: "r": must be an absolute, clean path, '
+            "actor_dirs.durable_dir_volume_mounts_dir: Required value]",
+            id="two-dirs-at-once",
+        ),
+        pytest.param(
+            {"actor_dirs": None}, INVALID, "actor_dirs: Required value", id="no-actor-dirs"
+        ),
+        pytest.param({"runsc_path": ""}, INVALID, "runsc_path: Required value", id="no-runsc"),
         pytest.param(
             {"spec": pb.WorkloadSpec(containers=[pb.Container(name="missing")])},
             INVALID,
             "missing/config.json: No such file or directory",
             id="no-bundle-for-a-container",
-        ),
-        pytest.param(
-            {"spec": pb.WorkloadSpec()}, INVALID, "spec.containers is empty", id="no-containers"
         ),
         pytest.param(
             {"spec": pb.WorkloadSpec(containers=[pb.Container(name="_pause")])},
@@ -123,15 +144,24 @@ def test_the_worker_socket_is_private(agent, tmp_path):
 )
 def test_run_refuses_a_bad_request_naming_the_field(worker, actor, change, code, names):
     """A request the worker cannot use is refused with the field (or file) at fault named,
-    and nothing is registered for it."""
-    got, message = status_of(worker.RunWorkload, actor.run(**change))
+    and nothing is registered for it; every ActorDirs field is required, as upstream's
+    ``resources.ValidateActorDirs`` has it, and so is runsc_path."""
+    if "actor_dirs" in change:
+        dirs = change["actor_dirs"]
+        change = {**change, "actor_dirs": None if dirs is None else actor.dirs(**dirs)}
+    request = actor.run(**change)
+    if change.get("actor_dirs", ...) is None:
+        request.ClearField("actor_dirs")
+    got, message = status_of(worker.RunWorkload, request)
     assert (got, names in message) == (code, True), message
     assert worker.GetActiveWorkloadStats(pb.GetActiveWorkloadStatsRequest()).samples == []
 
 
-def test_a_bad_cdi_annotation_is_refused_naming_the_file(worker, tmp_path):
+def test_a_bad_cdi_annotation_is_refused_naming_the_file(worker, tmp_path, standin):
     """A ``cdi.k8s.io/*`` annotation that is not a list of qualified device names."""
-    actor = Actor(tmp_path / "cdi", annotations={"cdi.k8s.io/gpu": "gpu0"}).prepare()
+    actor = Actor(
+        tmp_path / "cdi", runsc=str(standin), annotations={"cdi.k8s.io/gpu": "gpu0"}
+    ).prepare()
     code, message = status_of(worker.RunWorkload, actor.run())
     assert code == INVALID
     assert "app/config.json: annotation 'cdi.k8s.io/gpu'" in message and "gpu0" in message
@@ -188,6 +218,44 @@ def test_terminate_of_an_actor_not_here_is_ok(worker, actor):
     assert status_of(worker.TerminateWorkload, actor.terminate()) == (grpc.StatusCode.OK, "")
 
 
+@pytest.mark.parametrize(
+    "request_of",
+    [
+        pytest.param(Actor.checkpoint_request, id="checkpoint"),
+        pytest.param(Actor.restore_request, id="restore"),
+        pytest.param(Actor.terminate, id="terminate"),
+    ],
+)
+def test_every_lifecycle_call_requires_every_actor_dir_and_runsc_path(worker, actor, request_of):
+    """Checkpoint, Restore and Terminate check ActorDirs and runsc_path first, as Run does
+    (upstream validates them before its lock, on Terminate too)."""
+    request = request_of(actor, actor_dirs=actor.dirs(system_info_volume_roots_dir=""))
+    assert status_of(getattr(worker, type(request).__name__.removesuffix("Request")), request) == (
+        INVALID,
+        "actor_dirs.system_info_volume_roots_dir: Required value",
+    )
+    request = request_of(actor, runsc_path="")
+    assert status_of(getattr(worker, type(request).__name__.removesuffix("Request")), request) == (
+        INVALID,
+        "runsc_path: Required value",
+    )
+
+
+def test_a_spec_with_no_app_container_runs_pause_alone(worker, agent, tmp_path, standin):
+    """No app container: the sandbox is ``_pause`` alone (upstream boots it and answers OK);
+    it is measured, terminated, and nothing is left."""
+    actor = Actor(tmp_path / "alone", runsc=str(standin), uid="alone", apps=()).prepare()
+    assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
+    with agent.client() as client:
+        answer = client.request({"query": "actor", "actor_id": "alone.1"})
+    assert (answer["actor"]["state"], answer["actor"]["gpu"]) == ("running", False)
+    assert "containers" not in answer["actor"]  # one container, on _pause's bundle
+    [sample] = worker.GetActiveWorkloadStats(pb.GetActiveWorkloadStatsRequest()).samples
+    assert sample.actor_uid == "alone"
+    assert status_of(worker.TerminateWorkload, actor.terminate()) == (grpc.StatusCode.OK, "")
+    assert worker.GetActiveWorkloadStats(pb.GetActiveWorkloadStatsRequest()).samples == []
+
+
 def test_restore_needs_a_checkpoint_in_restore_dir(worker, actor):
     actor.restore.mkdir()
     code, message = status_of(worker.RestoreWorkload, actor.restore_request())
@@ -214,29 +282,38 @@ def hanging_agent(tmp_path, standin, runc_path):
         process.terminate()
 
 
-def test_stats_answer_at_once_while_a_run_is_in_progress(hanging_agent, actor, tmp_path):
+def test_stats_answer_at_once_while_a_run_is_in_progress(hanging_agent, tmp_path, standin):
     """A Run waiting on a hung ``runsc create`` holds the UID's lifecycle lock; the stats
-    reads answer at once, the identity echoed (the figures: whatever the cgroup holds yet;
-    tests/service/test_worker_stats.py pins "not measured")."""
+    reads answer at once, as upstream's: GetWorkloadStats FAILED_PRECONDITION (no sandbox
+    cgroup to measure yet), GetActiveWorkloadStats a pending sample, the identity echoed and
+    nothing measured."""
     from .test_agent_health import wait_for_file
 
+    # A UID of its own: on cgroup v1 runc leaves a deleted container's cgroup directory, and
+    # an earlier test's activation of the same id would be read as this one's figures.
+    uid = f"booting-{uuid.uuid4().hex[:12]}"
+    actor = Actor(tmp_path / "booting", runsc=str(standin), uid=uid).prepare()
     process, pids = hanging_agent
     worker = connect(tmp_path / "worker" / "worker.sock")
     running = worker.RunWorkload.future(actor.run(), timeout=120)
     wait_for_file(pids)
-    reply = worker.GetWorkloadStats(pb.GetWorkloadStatsRequest(actor_uid=actor.uid), timeout=2)
-    sample = reply.sample
+    code, message = status_of(
+        worker.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid=actor.uid), timeout=2
+    )
+    assert (code, message.startswith("no sandbox cgroup to measure yet")) == (
+        PRECONDITION,
+        True,
+    ), message
+    active = worker.GetActiveWorkloadStats(pb.GetActiveWorkloadStatsRequest(), timeout=2)
+    [sample] = active.samples
     assert (sample.actor_uid, sample.atespace, sample.actor_template_name) == (
         actor.uid,
         "team-a",
         "counter-template",
     )
     assert sample.sandbox_class == pb.SANDBOX_CLASS_GVISOR
-    if sample.source == pb.STATS_SOURCE_UNSPECIFIED:
-        assert (sample.memory_current_bytes, sample.cpu_usage_usec) == (0, 0)
-    assert sample.epoch_unix_nano > 0
-    active = worker.GetActiveWorkloadStats(pb.GetActiveWorkloadStatsRequest(), timeout=2)
-    assert [s.actor_uid for s in active.samples] == [actor.uid]
+    assert sample.source == pb.STATS_SOURCE_UNSPECIFIED
+    assert (sample.memory_current_bytes, sample.cpu_usage_usec) == (0, 0)
     assert not running.done()
     # The JSON door sees the same actor: one machine, one table.
     with process.client() as client:
@@ -248,7 +325,7 @@ def test_stats_answer_at_once_while_a_run_is_in_progress(hanging_agent, actor, t
     assert listed["identity"]["actor_name"] == "counter"
 
 
-def test_sigterm_drains_lifecycle_calls_with_unavailable(hanging_agent, actor, tmp_path):
+def test_sigterm_drains_lifecycle_calls_with_unavailable(hanging_agent, actor, tmp_path, standin):
     """After SIGTERM, while the agent waits for effects to finish, every lifecycle call is
     answered UNAVAILABLE (the control plane goes to another worker); stats still answer."""
     from .test_agent_health import wait_for_file
@@ -263,7 +340,7 @@ def test_sigterm_drains_lifecycle_calls_with_unavailable(hanging_agent, actor, t
     queued = worker.RunWorkload.future(actor.run(), timeout=120)  # waits for the UID's lock
     time.sleep(1)  # for it to reach the lock (nothing shows it) before the signal
     process.process.send_signal(signal.SIGTERM)
-    other = Actor(tmp_path / "other", uid="other-uid").prepare()
+    other = Actor(tmp_path / "other", runsc=str(standin), uid="other-uid").prepare()
     code = grpc.StatusCode.OK
     message = ""
     for _ in range(100):  # the signal lands a moment later
@@ -278,9 +355,10 @@ def test_sigterm_drains_lifecycle_calls_with_unavailable(hanging_agent, actor, t
         (worker.RestoreWorkload, other.restore_request()),
     ):
         assert status_of(call, request, timeout=5)[0] == grpc.StatusCode.UNAVAILABLE
-    assert status_of(
+    code, _ = status_of(
         worker.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid=actor.uid), timeout=5
-    ) == (grpc.StatusCode.OK, "")
+    )
+    assert code in {grpc.StatusCode.OK, PRECONDITION}  # answered (measured or not), not drained
     # The call that waited for the lock through SIGTERM is drained too, once it has the
     # lock (the first Run ends when the drain gives up on its hung create).
     assert queued.exception(timeout=90).code() == grpc.StatusCode.UNAVAILABLE
@@ -297,7 +375,9 @@ def test_terminate_deletes_app_containers_first_and_pause_last(tmp_path, standin
     process = _agent(tmp_path, standin, env=env)
     try:
         worker = connect(tmp_path / "worker" / "worker.sock")
-        actor = Actor(tmp_path / "order", uid="order", apps=("app", "side")).prepare()
+        actor = Actor(
+            tmp_path / "order", runsc=str(standin), uid="order", apps=("app", "side")
+        ).prepare()
         assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
 
         def commands(verb: str) -> list[str]:

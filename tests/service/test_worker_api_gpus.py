@@ -71,9 +71,9 @@ def _no_gpu_in(bundle: Path) -> bool:
     return not any(GPU_NODE.fullmatch(d["path"]) for d in linux.get("devices", []))
 
 
-def test_without_cdi_requests_a_sandbox_gets_every_gpu_of_the_worker(worker, tmp_path):
+def test_without_cdi_requests_a_sandbox_gets_every_gpu_of_the_worker(worker, agent, tmp_path):
     """No annotation: all four GPUs, injected into every app container, never ``_pause``."""
-    actor = Actor(tmp_path / "all", uid="all", apps=("app", "side")).prepare()
+    actor = Actor(tmp_path / "all", runsc=agent.runsc, uid="all", apps=("app", "side")).prepare()
     assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
     assert gpus_in(actor.bundles / "app") == gpus_in(actor.bundles / "side") == [0, 1, 2, 3]
     assert _no_gpu_in(actor.bundles / "_pause")
@@ -83,7 +83,7 @@ def test_cdi_requests_get_exactly_those_gpus_through_the_allocator(worker, agent
     """``cdi.k8s.io/<key>: nvidia.com/gpu=1,nvidia.com/gpu=3``: GPUs 1 and 3 (logged as the
     actor's ``gpu_names``); a second actor asking for GPU 3 waits for it: refused."""
     request = {"cdi.k8s.io/app": "nvidia.com/gpu=1, nvidia.com/gpu=3"}
-    actor = Actor(tmp_path / "named", uid="named", annotations=request).prepare()
+    actor = Actor(tmp_path / "named", runsc=agent.runsc, uid="named", annotations=request).prepare()
     assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
     assert gpus_in(actor.bundles / "app") == [1, 3]
     assert _no_gpu_in(actor.bundles / "_pause")
@@ -95,7 +95,10 @@ def test_cdi_requests_get_exactly_those_gpus_through_the_allocator(worker, agent
     assert registered["gpu_names"] == ["nvidia.com/gpu=1", "nvidia.com/gpu=3"]
 
     other = Actor(
-        tmp_path / "other", uid="other", annotations={"cdi.k8s.io/x": "nvidia.com/gpu=3"}
+        tmp_path / "other",
+        runsc=agent.runsc,
+        uid="other",
+        annotations={"cdi.k8s.io/x": "nvidia.com/gpu=3"},
     ).prepare()
     code, message = status_of(worker.RunWorkload, other.run())
     assert code == grpc.StatusCode.FAILED_PRECONDITION, message
@@ -113,7 +116,7 @@ def test_a_live_cuda_context_with_no_suspend_route_is_refused_and_keeps_running(
     """The node agent saw a CUDA context open; the worker has no cuda-checkpoint route:
     FAILED_PRECONDITION with the refusal's reason, and the actor stays running with its
     sandbox (upstream's worker loses the sandbox here)."""
-    actor = Actor(tmp_path / "cuda", uid="cuda").prepare()
+    actor = Actor(tmp_path / "cuda", runsc=agent.runsc, uid="cuda").prepare()
     assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
     with agent.client() as client:
         assert client.request(event("cuda_context_opened", "cuda.1", pid=42))["ok"]

@@ -56,7 +56,8 @@ def worker(agent: AgentProcess, tmp_path: Path):
 
 
 def _layered(tmp_path: Path, layers: Path) -> Actor:
-    actor = Actor(tmp_path / "actor", app_args=list(OBSERVER_ARGS)).prepare()
+    runsc = str(tmp_path / "bin" / "runsc")
+    actor = Actor(tmp_path / "actor", app_args=list(OBSERVER_ARGS), runsc=runsc).prepare()
     layered_actor_bundles(actor.bundles, layers, actor.apps)
     return actor
 

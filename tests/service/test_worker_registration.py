@@ -171,9 +171,9 @@ def test_a_run_beyond_max_actors_gets_upstreams_answer(tmp_path, runc_path):
     )  # fmt: skip
     try:
         worker = connect(tmp_path / "worker" / "worker.sock")
-        first = Actor(tmp_path / "first", uid="first").prepare()
+        first = Actor(tmp_path / "first", runsc=str(standin), uid="first").prepare()
         worker.RunWorkload(first.run(), timeout=120)
-        second = Actor(tmp_path / "second", uid="second").prepare()
+        second = Actor(tmp_path / "second", runsc=str(standin), uid="second").prepare()
         second.restore.mkdir(parents=True)
         (second.restore / "checkpoint.img").write_bytes(b"")
         for call, request in (
@@ -223,10 +223,10 @@ def test_a_run_being_admitted_holds_its_slot(tmp_path, runc_path):
     try:
         worker = connect(tmp_path / "worker" / "worker.sock")
         booting = worker.RunWorkload.future(
-            Actor(tmp_path / "a", uid="a").prepare().run(), timeout=120
+            Actor(tmp_path / "a", runsc=str(standin), uid="a").prepare().run(), timeout=120
         )
         wait_for_file(pids)
-        other = Actor(tmp_path / "b", uid="b").prepare()
+        other = Actor(tmp_path / "b", runsc=str(standin), uid="b").prepare()
         assert status_of(worker.RunWorkload, other.run(), timeout=30) == (
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             "worker is full: 1 actors",
@@ -244,10 +244,11 @@ def test_max_actors_zero_refuses_every_run(tmp_path):
         "--worker-socket", str(tmp_path / "worker" / "worker.sock"),
         "--atelet-socket", "",
         "--max-actors", "0",
+        "--runsc", str(node_.install_runsc_standin(tmp_path / "bin")),
     )  # fmt: skip
     try:
         worker = connect(tmp_path / "worker" / "worker.sock")
-        actor = Actor(tmp_path / "actor").prepare()
+        actor = Actor(tmp_path / "actor", runsc=agent.runsc).prepare()
         assert status_of(worker.RunWorkload, actor.run(), timeout=30) == (
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             "worker is full: 0 actors",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import grpc
 import pytest
 
 from substrate_gpu.lifecycle import actors
@@ -118,11 +119,17 @@ def _service(tmp_path: Path, view: actors.ActorView, root: Path) -> worker_api.W
 
 
 def test_a_sandbox_without_its_cgroup_yet_is_not_measured(tmp_path):
-    """Booting (no cgroup yet): UNSPECIFIED and zeros, the identity and epoch echoed, the
-    cgroup path read back from _pause's bundle (as after an agent restart)."""
+    """Booting (no cgroup yet), as upstream answers it: GetWorkloadStats FAILED_PRECONDITION
+    ("no sandbox cgroup to measure yet"); GetActiveWorkloadStats a pending sample,
+    UNSPECIFIED and zeros, the identity and epoch echoed, the cgroup path read back from
+    _pause's bundle (as after an agent restart)."""
     service = _service(tmp_path, _view(tmp_path, "creating"), tmp_path / "empty")
-    reply = anyio.run(service.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid="u"))
-    sample = reply.sample
+    with pytest.raises(worker_api.CallError) as refused:
+        anyio.run(service.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid="u"))
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert refused.value.message.startswith("no sandbox cgroup to measure yet")
+    reply = anyio.run(service.GetActiveWorkloadStats, pb.GetActiveWorkloadStatsRequest())
+    [sample] = reply.samples
     assert (sample.source, sample.sandbox_class) == (
         pb.STATS_SOURCE_UNSPECIFIED,
         pb.SANDBOX_CLASS_GVISOR,

@@ -36,11 +36,14 @@ class Actor:
     apps: tuple[str, ...] = ("app",)
     app_args: list[str] = field(default_factory=lambda: list(COUNTER_ARGS))
     annotations: dict[str, str] | None = None
+    runsc: str = ""
+    """``runsc_path`` of every request: the agent's ``--runsc`` (required, as upstream)."""
 
     def __post_init__(self) -> None:
         self.bundles = self.root / "bundles"
         self.checkpoint = self.root / "checkpoint"
         self.restore = self.root / "restore"
+        self.durable = self.root / "durable"
 
     def prepare(self) -> Actor:
         """Fresh bundles for ``_pause`` and every app container (as atelet does per call)."""
@@ -55,12 +58,17 @@ class Actor:
             "oci_bundle_dir": str(self.bundles),
             "checkpoint_dir": str(self.checkpoint),
             "restore_dir": str(self.restore),
+            "durable_dir_volume_mounts_dir": str(self.durable),
+            "system_info_volume_roots_dir": str(self.root / "system-info"),
+            "volumes_dir": str(self.root / "volumes"),
             **overrides,
         }
         return pb.ActorDirs(**values)
 
     def identity(self) -> dict[str, str]:
+        """The identity fields and ``runsc_path``, which every lifecycle request carries."""
         return {
+            "runsc_path": self.runsc,
             "atespace": "team-a",
             "actor_name": "counter",
             "actor_uid": self.uid,
