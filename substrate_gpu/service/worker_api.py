@@ -158,6 +158,10 @@ class _Call:
         self.abandoned = True
         self.scope.cancel()
 
+    def was_abandoned(self) -> bool:
+        """Whether :meth:`abandon` was called (read again after each await)."""
+        return self.abandoned
+
 
 class RunscBinary:
     """Whether a request's ``runsc_path`` is the binary this agent runs every sandbox with.
@@ -418,16 +422,15 @@ class WorkerService:
                 await held.enter_async_context(self._locks.held(call.uid))
             if call.abandoned:
                 return  # while waiting for the lock: nothing was made
+            # No await since the check: abandon() cancels this scope from here on.
             self._calls[call.uid] = call
             call.scope = anyio.CancelScope()  # the first one is spent (it was entered)
-            if call.abandoned:
-                call.scope.cancel()
             try:
                 with call.scope:
                     await body(call)
             finally:
                 del self._calls[call.uid]
-                if call.abandoned:
+                if call.was_abandoned():
                     # Outside the call's cancelled scope, still under the UID's lock; the
                     # worker's task group (cancelled when the worker closes) still ends it.
                     await self._undo(call)
