@@ -42,7 +42,7 @@ import hashlib
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -244,17 +244,25 @@ class WorkerService:
 
     @contextlib.asynccontextmanager
     async def open(self) -> AsyncIterator[WorkerService]:
-        """Run and Restore run in a task group of the worker's own while inside (see the
-        module doc). On leaving, what is still in it gets :data:`CLOSE_GRACE` seconds to
-        answer (the agent has drained by then: each call fails fast) and is then cancelled:
-        the event log tells the next agent where each actor rests."""
+        """Serve calls from a task group of the worker's own while inside
+        (:meth:`hosted_in`)."""
         async with anyio.create_task_group() as tasks:
-            self._tasks = tasks
-            try:
+            with self.hosted_in(tasks):
                 yield self
-            finally:
-                self._tasks = None
-                tasks.cancel_scope.deadline = anyio.current_time() + CLOSE_GRACE
+
+    @contextlib.contextmanager
+    def hosted_in(self, tasks: anyio.abc.TaskGroup) -> Iterator[WorkerService]:
+        """Run and Restore run in ``tasks`` while inside (see the module doc), a task group
+        entered before the agent, as the worker door outlives the agent's drain. On leaving,
+        what is still in it gets :data:`CLOSE_GRACE` seconds to answer (the agent has
+        drained by then: each call fails fast) and is then cancelled: the event log tells
+        the next agent where each actor rests."""
+        self._tasks = tasks
+        try:
+            yield self
+        finally:
+            self._tasks = None
+            tasks.cancel_scope.deadline = anyio.current_time() + CLOSE_GRACE
 
     # --- the calls ---------------------------------------------------------------------------
 
@@ -520,6 +528,11 @@ class WorkerService:
         """Under the UID's lock: a new activation registered and sized (Run and Restore)."""
         uid = call.uid
         self._not_draining()  # SIGTERM may have come while this call waited for the lock
+        view = self._live(uid)
+        if view is not None and view.state == "suspended":
+            # Checkpointed and torn down, but its Checkpoint's caller left before the
+            # activation was deleted (the teardown's last step): finish it.
+            await self._delete(view.actor_id)
         self._not_executing(uid)
         self._admit(uid)
         try:
@@ -793,9 +806,13 @@ def _serialize(response: message.Message) -> bytes:
 
 @contextlib.asynccontextmanager
 async def serving(
-    worker: WorkerService, path: Path, claim: Callable[[Path], None]
+    worker: WorkerService,
+    path: Path,
+    claim: Callable[[Path], None],
+    tasks: anyio.abc.TaskGroup,
 ) -> AsyncIterator[None]:
-    """Serve ``worker`` on the Unix socket ``path`` (mode 0600) while inside.
+    """Serve ``worker`` on the Unix socket ``path`` (mode 0600) while inside, its calls
+    run in ``tasks`` (:meth:`WorkerService.hosted_in`).
 
     ``claim`` replaces a stale socket file and refuses one another process serves (the
     JSON socket's rule). On leaving, calls in progress get a moment to answer.
@@ -815,7 +832,7 @@ async def serving(
     ours = path.stat()
     try:
         # Closed before the server stops: a call still in it is answered, not cut off.
-        async with worker.open():
+        with worker.hosted_in(tasks):
             yield
     finally:
         with anyio.CancelScope(shield=True):
