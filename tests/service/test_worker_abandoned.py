@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import grpc
 import pytest
 from lifecycle.doubles import FakeInjector, FakeProbe, FakeRuntime
 
@@ -31,8 +32,11 @@ from substrate_gpu.service import (
     worker_api,
     worker_requests,
 )
+from substrate_gpu.service.ateworker import ateworker_pb2 as pb
+from substrate_gpu.testing import node as node_
 
-from .workerclient import Actor
+from .agentproc import AgentProcess, logged_events
+from .workerclient import Actor, connect, status_of, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -312,3 +316,51 @@ async def test_a_checkpoint_abandoned_mid_way_still_tears_down_and_frees_the_uid
     assert world.activations() == [(f"{UID}.1", "deleted"), (f"{UID}.2", "running")]
     await world.worker.TerminateWorkload(actor.terminate())
     world.assert_nothing_left()
+
+
+# --- from outside: grpc deadlines on the agent process (runsc: the stand-in) ----------------
+
+
+@pytest.mark.runc
+@pytest.mark.parametrize(
+    ("delayed", "where"),
+    [
+        pytest.param("create", "in create _pause", id="create"),
+        pytest.param("start", "in start _pause", id="start"),
+    ],
+)
+def test_a_grpc_deadline_in_a_slow_step_is_undone(
+    tmp_path: Path, runc_path: str, delayed: str, where: str
+) -> None:
+    """The stand-in takes 3 s over ``delayed``; the client's 1.5 s deadline falls in its
+    first one. The Run is answered DEADLINE_EXCEEDED and undone by the agent itself: once
+    the step ends, nothing of it is left (no container, no root), with no Terminate; then
+    Terminate answers OK and a new Run runs."""
+    standin = node_.install_runsc_standin(tmp_path / "bin")
+    env = {"RUNSC_STANDIN_RUNC": runc_path, "RUNSC_STANDIN_DELAY": f"{delayed}=3"}
+    socket = tmp_path / "worker" / "worker.sock"
+    agent = AgentProcess.on_socket(
+        tmp_path, "--worker-socket", str(socket), "--runsc", str(standin), env=env
+    )
+    try:
+        worker = connect(socket)
+        actor = Actor(tmp_path / "actor", uid=UID).prepare()
+        code, _ = status_of(worker.RunWorkload, actor.run(), timeout=1.5)
+        assert code == grpc.StatusCode.DEADLINE_EXCEEDED, where
+
+        def undone() -> bool:
+            return (f"{UID}.1", "deleted") in [
+                (e["actor_id"], e["type"]) for e in logged_events(agent.log)
+            ]
+
+        wait_until(undone, timeout=60)
+        root = tmp_path / "runsc-root" / f"{UID}.1"
+        assert not root.exists(), f"{where}: {sorted(root.rglob('*'))}"
+        assert worker.GetActiveWorkloadStats(pb.GetActiveWorkloadStatsRequest()).samples == []
+        ok = grpc.StatusCode.OK
+        assert status_of(worker.TerminateWorkload, actor.terminate(), timeout=60) == (ok, "")
+        assert status_of(worker.RunWorkload, actor.run(), timeout=60) == (ok, "")
+        assert status_of(worker.TerminateWorkload, actor.terminate(), timeout=60) == (ok, "")
+        assert not (tmp_path / "runsc-root" / f"{UID}.2").exists()
+    finally:
+        assert agent.terminate() == 0, agent.stderr()[-3000:]
