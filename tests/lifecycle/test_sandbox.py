@@ -473,3 +473,34 @@ async def test_a_teardown_that_failed_is_finished_by_the_delete(
         await agent.wait_for_state("s", "deleted", timeout=5)
     assert runtime.roots["s"].containers == {}
     assert runtime.removed_roots == ["s"]
+
+
+async def test_recovery_of_a_delete_interrupted_after_its_containers_removes_the_root(
+    runtime: FakeRuntime, injector: FakeInjector, tmp_path: Path
+) -> None:
+    """An agent killed mid-delete once runsc had deleted every container: recovery records
+    ``deleted`` and does the delete's last step, the root removed."""
+    from lifecycle.doubles import FakeProbe
+
+    log_path = tmp_path / "events.jsonl"
+    async with (
+        await EventLog.open(log_path) as log,
+        Agent(
+            runtime=runtime,
+            probe=FakeProbe(runtime),
+            injector=injector,
+            checkpoint_root=tmp_path / "ck",
+            recorder=log,
+        ) as agent,
+    ):
+        await _run(agent, _bundles(tmp_path), gpu=False)
+        runtime.hang.add("delete")
+        await agent.submit(events.DeleteRequested(actor_id="s"))
+        await agent.wait_for_state("s", "deleting", timeout=5)
+    runtime.hang.clear()
+    rooted = runtime.for_actor("s")
+    rooted.containers = {}  # runsc finished the deletes after the agent died
+    assert rooted.has_root()
+    recovery = await recover(log_path, runtime=runtime, checkpoint_root=tmp_path / "ck")
+    assert [e.type for e in recovery.reconcile_events] == ["deleted"]
+    assert runtime.removed_roots == ["s"] and not rooted.has_root()
