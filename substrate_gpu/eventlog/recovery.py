@@ -249,6 +249,17 @@ async def _delete_leftover(runtime: runsc.SandboxRuntime, view: actors.ActorView
             await runtime.delete(view.actor_id, force=True)
 
 
+async def _remove_leftover_root(runtime: runsc.SandboxRuntime, view: actors.ActorView) -> None:
+    """A delete interrupted after its containers went: its last step, the sandbox's root
+    unmounted and removed (its null-netns would otherwise stay mounted for ever)."""
+    if not sandbox.is_sandbox(view):
+        return
+    with contextlib.suppress(exceptions.SubstrateGpuError):
+        box = sandbox.of(runtime, view)
+        if sandbox.has_root(box):
+            await sandbox.delete_quietly(box)
+
+
 async def _status(runtime: runsc.SandboxRuntime, actor_id: str) -> tuple[Status, str]:
     try:
         state = await runtime.state(actor_id)
@@ -313,6 +324,8 @@ async def recover(
         )
         if decision.delete_leftover:
             await _delete_leftover(runtime, view)
+        elif isinstance(decision.outcome, events.Deleted):
+            await _remove_leftover_root(runtime, view)
         report.append(Reconciliation(actor_id, view.state, effect, said, decision))
         if decision.outcome is not None:
             outcomes.append(decision.outcome)

@@ -651,8 +651,10 @@ async def cuda_resume(ctx: EffectContext, actor: ActorView, event: events.Event)
 
 async def delete(ctx: EffectContext, actor: ActorView, event: events.Event) -> events.Event:
     """``runsc delete --force`` (a container the runtime does not know is already gone); a
-    sandbox's app containers first, ``_pause`` last."""
-    if actor.sandbox:
+    sandbox's app containers first, ``_pause`` last, then its root unmounted and removed.
+    A sandbox believed gone whose root is still there (a teardown after a checkpoint that
+    failed part-way) is deleted all the same: nothing of the activation may stay."""
+    if actor.sandbox or _root_left(ctx, actor):
         try:
             if sandbox.is_sandbox(actor):
                 await sandbox.delete(sandbox.of(ctx.runtime, actor))
@@ -665,6 +667,15 @@ async def delete(ctx: EffectContext, actor: ActorView, event: events.Event) -> e
                 actor_id=actor.actor_id, effect="delete", message=_message(e)
             )
     return events.Deleted(actor_id=actor.actor_id)
+
+
+def _root_left(ctx: EffectContext, actor: ActorView) -> bool:
+    if not sandbox.is_sandbox(actor):
+        return False
+    try:
+        return sandbox.has_root(sandbox.of(ctx.runtime, actor))
+    except sandbox.SandboxError:
+        return False
 
 
 #: Effect implementations by the name used in ``machines/actor.yaml``.

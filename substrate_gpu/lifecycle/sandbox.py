@@ -30,6 +30,11 @@ Decisions worth knowing (seen on the pinned runsc, ``tests/runsc/test_real_sandb
   same image (the sandbox resumes after the last one). **delete**: apps first, ``_pause``
   last; once the sandbox has exited, deleting an app fails ("connection refused", exit 128)
   and deleting ``_pause`` clears them all, so an app's failure is retried after ``_pause``'s.
+- **Nothing of a deleted sandbox stays**: once every container is gone (a delete, the
+  teardown after a checkpoint, the clean-up of a failed create, start or restore), what
+  runsc left mounted in the actor's root (``null-netns``, one per sandbox booted under
+  ``--network=none``) is detached and the root removed (:mod:`substrate_gpu.runsc.roots`).
+  A root whose containers could not all be deleted is kept: it is their record.
 - **A failure part-way** (of create, start or restore) deletes what was made (apps first,
   ``_pause`` last) and raises
   :class:`SandboxError` naming the container: the effect's outcome lands on the machine's
@@ -276,7 +281,13 @@ async def delete(sandbox: Sandbox) -> None:
     """``delete --force`` every container, apps first and ``_pause`` last; a container runsc
     does not know is gone already. An app that fails before ``_pause`` is deleted (its
     sandbox exited: "connection refused") is deleted again after it, when it must be gone;
-    :class:`SandboxError` names the first container that could not be deleted."""
+    :class:`SandboxError` names the first container that could not be deleted. Once all
+    are gone the actor's root is unmounted and removed (:func:`remove_root`)."""
+    await _delete_containers(sandbox)
+    await remove_root(sandbox)
+
+
+async def _delete_containers(sandbox: Sandbox) -> None:
     retry: list[str] = []
     for name in _delete_order(sandbox.containers):
         try:
@@ -298,15 +309,53 @@ async def delete(sandbox: Sandbox) -> None:
 
 async def delete_quietly(sandbox: Sandbox, names: Iterable[str] | None = None) -> None:
     """Best-effort delete (cleanup, never an outcome) of ``names`` (default: every
-    container), apps first, ``_pause`` last."""
+    container, and then, when every one is gone, the actor's root: :func:`remove_root`),
+    apps first, ``_pause`` last."""
     order = _delete_order(sandbox.containers if names is None else names)
-    for name in order:
-        with contextlib.suppress(exceptions.SubstrateGpuError):
+    gone: set[str] = set()
+
+    async def attempt(name: str) -> None:
+        try:
             await sandbox.runtime.delete(name, force=True)
+        except runsc.ContainerNotFoundError:
+            gone.add(name)
+        except exceptions.SubstrateGpuError:
+            return
+        else:
+            gone.add(name)
+
+    for name in order:
+        await attempt(name)
     # Apps of an exited sandbox refuse until _pause is gone: once more, after it.
     for name in order[:-1] if order and order[-1] == PAUSE else ():
-        with contextlib.suppress(exceptions.SubstrateGpuError):
-            await sandbox.runtime.delete(name, force=True)
+        if name not in gone:
+            await attempt(name)
+    if names is None and gone >= set(order):
+        with contextlib.suppress(SandboxError):
+            await remove_root(sandbox)
+
+
+def has_root(sandbox: Sandbox) -> bool:
+    """Whether the actor's own root may still hold something (a runtime that cannot tell:
+    no)."""
+    runtime = sandbox.runtime
+    return isinstance(runtime, runsc.RemovableRoot) and runtime.has_root()
+
+
+async def remove_root(sandbox: Sandbox) -> None:
+    """Unmount what runsc left under the actor's own root (``null-netns``) and remove it,
+    with the actor's pid-file directory, once none of its containers is left (upstream's
+    worker resets them the same way at Run, Restore and Terminate). A runtime without
+    per-actor roots to remove is left alone; :class:`SandboxError` when something stays."""
+    runtime = sandbox.runtime
+    if not isinstance(runtime, runsc.RemovableRoot):
+        return
+    try:
+        await runtime.remove_root()
+    except OSError as e:
+        raise SandboxError(
+            f"while removing the runsc root of sandbox {sandbox.actor_id}: {e}", PAUSE
+        ) from e
 
 
 # --- what the runtime says, for recovery -------------------------------------------------------

@@ -191,6 +191,25 @@ class PerActorRoot(Protocol):
 
 
 @runtime_checkable
+class RemovableRoot(Protocol):
+    """A per-actor runtime (:meth:`PerActorRoot.for_actor`) whose root can be removed.
+
+    Optional: once every container of a sandbox is deleted, the lifecycle asks it to
+    unmount what runsc left in the actor's root (``null-netns`` under ``--network=none``)
+    and remove the root, so nothing of the activation stays (docs/runsc.md).
+    """
+
+    def has_root(self) -> bool:
+        """Whether this runtime's own root is there (something of the sandbox may be)."""
+        ...
+
+    async def remove_root(self) -> None:
+        """Unmount everything under this runtime's own root, then remove it; an
+        :class:`OSError` naming what stays."""
+        ...
+
+
+@runtime_checkable
 class SandboxExec(Protocol):
     """Running a command inside an existing sandbox (``runsc exec``).
 

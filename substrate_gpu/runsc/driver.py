@@ -20,7 +20,8 @@ A thin effectful shell around :mod:`substrate_gpu.runsc.argv` (what to run) and
   passes them; each only when this runsc lists it (``runsc flags``), so an older runsc is
   run as it was rather than refused.
 - :meth:`RunscDriver.for_actor` gives a multi-container sandbox its own ``--root``
-  (``<root>/<actor_id>``; runsc makes it on the first create), features detected once.
+  (``<root>/<actor_id>``; runsc makes it on the first create), features detected once;
+  :meth:`RunscDriver.remove_root` unmounts and removes it once its containers are gone.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import shutil
 from collections.abc import Sequence
@@ -38,7 +40,7 @@ from typing import cast, get_args
 import anyio
 
 from substrate_gpu import _blocking, _private, _process, exceptions
-from substrate_gpu.runsc import api, argv, errors
+from substrate_gpu.runsc import api, argv, errors, roots
 from substrate_gpu.runsc import argv as _command_lines  # ``exec``'s parameter shadows ``argv``
 
 
@@ -206,6 +208,34 @@ class RunscDriver:
             pid_dir=None if self.config.pid_dir is None else self.config.pid_dir / actor_id,
         )
         return RunscDriver(config, parent=self._parent or self)
+
+    def has_root(self) -> bool:
+        """Whether this driver's root (or its pid-file directory) is there."""
+        paths = [self.config.root, *([self.config.pid_dir] if self.config.pid_dir else [])]
+        return any(os.path.lexists(p) for p in paths)
+
+    async def remove_root(self) -> None:
+        """Unmount what runsc left under this actor's own root (its ``null-netns``), then
+        remove the root and the actor's pid-file directory (:mod:`.roots`; in a thread).
+
+        Only for a root :meth:`for_actor` gave, once none of its containers is left: the
+        agent's own root holds every other actor's. Raises
+        :class:`~substrate_gpu.runsc.roots.RootRemovalError` naming what stays.
+        """
+        if self._parent is None:
+            raise ValueError(
+                f"refusing to remove {self.config.root}: it is the agent's runsc root, not "
+                "one actor's (RunscDriver.for_actor)"
+            )
+        doomed = [self.config.root]
+        if self.config.pid_dir is not None:
+            doomed.append(self.config.pid_dir)
+
+        def remove_all() -> None:
+            for path in doomed:
+                roots.remove(path)
+
+        await _blocking.run_abandonable(remove_all, name="substrate-gpu runsc root")
 
     async def _run(
         self, args: tuple[str, ...], *, timeout: float, doing: str, umask: int = -1

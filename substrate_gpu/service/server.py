@@ -766,8 +766,13 @@ async def _serve(
     on_ready: Callable[[Running], None] | None,
 ) -> int:
     # The worker door outlives the agent's drain (running_agent's exit): a call arriving
-    # then is answered UNAVAILABLE, not refused by a closed socket.
-    async with contextlib.AsyncExitStack() as doors, running_agent(config, components) as running:
+    # then is answered UNAVAILABLE, not refused by a closed socket. Its calls run in a task
+    # group entered before the agent, so the scopes nest (worker_api.WorkerService.hosted_in).
+    async with (
+        anyio.create_task_group() as worker_calls,
+        contextlib.AsyncExitStack() as doors,
+        running_agent(config, components) as running,
+    ):
         worker = None
         if config.worker_socket is not None:
             # grpc is loaded only by an agent serving the worker API.
@@ -782,7 +787,7 @@ async def _serve(
                 runtime=running.runtime,
             )
             await doors.enter_async_context(
-                worker_api.serving(worker, config.worker_socket, _claim_socket_path)
+                worker_api.serving(worker, config.worker_socket, _claim_socket_path, worker_calls)
             )
         async with anyio.create_task_group() as intake:
             intake.start_soon(_watch_signals, running.stop)

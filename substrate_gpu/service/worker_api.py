@@ -22,6 +22,12 @@ agent's own event loop. Each call becomes events submitted through the same
   reason: ``FAILED_PRECONDITION`` for a refusal (a live CUDA context with no suspend route: the
   actor keeps running), ``INTERNAL`` for a runtime failure; a Run or Restore that failed
   deletes its activation, so a failed call leaves no sandbox behind.
+- **An abandoned Run or Restore is undone** (its caller's deadline passed, or it cancelled):
+  the call runs in a task of the worker's own (:meth:`WorkerService.open`), not in the
+  handler grpc cancels, so it is never cut short between two of its steps. Abandoning it
+  stops it at the step it is in (an effect in flight finishes, bounded by its timeout: a
+  runsc command is never killed half-way), then deletes the activation it registered,
+  before the UID's lock is released: the next call of the UID finds nothing of it.
 - **Stats never wait.** They read the actor table and the sandbox's cgroup
   (:mod:`.cgroup_stats`), never the per-UID lock the lifecycle calls hold.
 - **Draining**: after SIGTERM every lifecycle call is answered ``UNAVAILABLE`` (stats still
@@ -39,12 +45,13 @@ import hashlib
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
 
 import anyio
+import anyio.abc
 import grpc
 import grpc.aio
 import structlog
@@ -101,6 +108,8 @@ LIFECYCLE_CALLS: Final = frozenset(
 KILL_TIMEOUT: Final = 5.0
 #: How often a container's state is read while waiting for it to exit.
 EXIT_POLL: Final = 0.1
+#: How long a closing worker lets the calls still in it answer before cancelling them.
+CLOSE_GRACE: Final = 1.0
 
 
 class Door(Protocol):
@@ -157,6 +166,29 @@ class _UidLocks:
                 del self.locks[uid]
             else:
                 self.locks[uid] = (lock, users - 1)
+
+
+@dataclass(eq=False)
+class _Call:
+    """A Run or Restore in flight (upstream's ``actorlock.InFlight`` entry, per UID)."""
+
+    uid: str
+    name: str
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    """The call's work; cancelled when its caller abandons it (or on :meth:`abandon`)."""
+    made: str | None = None
+    """The activation this call registered (set before its ``actor_registered`` is
+    submitted): what an abandoned call deletes, and nothing else of the UID."""
+    abandoned: bool = False
+
+    def abandon(self) -> None:
+        """Stop the call at the step it is in and undo what it made."""
+        self.abandoned = True
+        self.scope.cancel()
+
+    def was_abandoned(self) -> bool:
+        """Whether :meth:`abandon` was called (read again after each await)."""
+        return self.abandoned
 
 
 class RunscBinary:
@@ -242,8 +274,33 @@ class WorkerService:
         self._runtime = runtime
         self._in_flight: dict[int, str] = {}
         """Lifecycle calls being answered (a token each), for :meth:`shutdown` to wait on."""
+        self._calls: dict[str, _Call] = {}
+        """The Run or Restore in flight per UID (at most one: the UID's lock)."""
+        self._tasks: anyio.abc.TaskGroup | None = None
         self.draining = False
         """Set on SIGTERM: lifecycle calls are answered UNAVAILABLE from then on."""
+
+    @contextlib.asynccontextmanager
+    async def open(self) -> AsyncIterator[WorkerService]:
+        """Serve calls from a task group of the worker's own while inside
+        (:meth:`hosted_in`)."""
+        async with anyio.create_task_group() as tasks:
+            with self.hosted_in(tasks):
+                yield self
+
+    @contextlib.contextmanager
+    def hosted_in(self, tasks: anyio.abc.TaskGroup) -> Iterator[WorkerService]:
+        """Run and Restore run in ``tasks`` while inside (see the module doc), a task group
+        entered before the agent, as the worker door outlives the agent's drain. On leaving,
+        what is still in it gets :data:`CLOSE_GRACE` seconds to answer (the agent has
+        drained by then: each call fails fast) and is then cancelled: the event log tells
+        the next agent where each actor rests."""
+        self._tasks = tasks
+        try:
+            yield self
+        finally:
+            self._tasks = None
+            tasks.cancel_scope.deadline = anyio.current_time() + CLOSE_GRACE
 
     # --- the calls ---------------------------------------------------------------------------
 
@@ -251,9 +308,12 @@ class WorkerService:
         """Register a new activation of the sandbox and run it; OK once it is running."""
         uid = self._begin(request)
         workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
-        async with self._locks.held(uid):
-            actor_id = await self._activate(uid, request, workload)
+
+        async def run(call: _Call) -> None:
+            actor_id = await self._activate(call, request, workload)
             await self._reach(actor_id, events.RunRequested(actor_id=actor_id), "running", "run")
+
+        await self._startup(uid, "RunWorkload", run)
         return pb.RunWorkloadResponse()
 
     async def RestoreWorkload(
@@ -268,12 +328,15 @@ class WorkerService:
             raise worker_requests.BadRequest(
                 f"actor_dirs.restore_dir {str(image)!r} holds no checkpoint.img"
             )
-        async with self._locks.held(uid):
-            actor_id = await self._activate(uid, request, workload)
+
+        async def restore(call: _Call) -> None:
+            actor_id = await self._activate(call, request, workload)
             # runsc restore only reads the image: restore_dir is left as it is whether or
             # not preserve_restore_dir is set (tests/runsc/test_real_worker_api.py checks it).
-            restore = events.RestoreRequested(actor_id=actor_id, image_path=str(image))
-            await self._reach(actor_id, restore, "running", "restore")
+            requested = events.RestoreRequested(actor_id=actor_id, image_path=str(image))
+            await self._reach(actor_id, requested, "running", "restore")
+
+        await self._startup(uid, "RestoreWorkload", restore)
         return pb.RestoreWorkloadResponse()
 
     async def CheckpointWorkload(
@@ -351,6 +414,96 @@ class WorkerService:
         views = [v for v in self._agent.actors() if self._uid_of(v) and v.state != "deleted"]
         return pb.GetActiveWorkloadStatsResponse(samples=[await self._sample(v) for v in views])
 
+    # --- Run and Restore: abandonable, undone when abandoned ----------------------------------
+
+    async def _startup(self, uid: str, name: str, body: Callable[[_Call], Awaitable[None]]) -> None:
+        """``body`` under the UID's lock, in the worker's own task group; this caller
+        waits for it. If the caller goes away first (grpc cancels the handler on a deadline
+        or a cancel), the call is abandoned: it stops at the step it is in and undoes what
+        it made before the lock is released (upstream's worker cancels the call's context,
+        and its deferred clean-up deletes the containers and unhosts the actor)."""
+        tasks = self._tasks
+        if tasks is None:
+            raise CallError(
+                grpc.StatusCode.UNAVAILABLE, f"{name}: the worker is not serving calls yet"
+            )
+        call = _Call(uid, name)
+        done = anyio.Event()
+        failure: list[BaseException] = []
+        finished: list[bool] = []
+
+        async def run() -> None:
+            try:
+                await self._held_call(call, body)
+                finished.append(True)
+            except Exception as e:  # noqa: BLE001 (re-raised in the caller's task below)
+                failure.append(e)
+            finally:
+                done.set()
+
+        tasks.start_soon(run, name=f"worker {name} {uid}")
+        try:
+            await done.wait()
+        finally:
+            if not done.is_set():
+                log.info("worker call abandoned by its caller: undoing it", call=name, uid=uid)
+                call.abandon()
+        if failure:
+            raise failure[0]
+        if not finished and not call.abandoned:
+            # Cancelled from outside the call: the agent's drain gave up on it (SIGTERM), or
+            # the worker is closing.
+            self._not_draining()
+            raise CallError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"{name} of {uid!r}: the worker stopped before it finished; its state is in "
+                "the event log for the next agent to reconcile",
+            )
+        if call.abandoned:
+            # Abandoned by the worker itself (its caller would not be waiting otherwise).
+            self._not_draining()
+            raise CallError(grpc.StatusCode.ABORTED, f"{name} of {uid!r} was abandoned: undone")
+
+    async def _held_call(self, call: _Call, body: Callable[[_Call], Awaitable[None]]) -> None:
+        async with contextlib.AsyncExitStack() as held:
+            with call.scope:
+                await held.enter_async_context(self._locks.held(call.uid))
+            if call.abandoned:
+                return  # while waiting for the lock: nothing was made
+            # No await since the check: abandon() cancels this scope from here on.
+            self._calls[call.uid] = call
+            call.scope = anyio.CancelScope()  # the first one is spent (it was entered)
+            try:
+                with call.scope:
+                    await body(call)
+            finally:
+                del self._calls[call.uid]
+                if call.was_abandoned():
+                    # Outside the call's cancelled scope, still under the UID's lock; the
+                    # worker's task group (cancelled when the worker closes) still ends it.
+                    await self._undo(call)
+
+    async def _undo(self, call: _Call) -> None:
+        """Delete the activation an abandoned call registered (waiting out the effect in
+        flight), so the UID is left as if the call never came; logged, never raised."""
+        if call.made is None:
+            return
+        try:
+            await self._delete(call.made)
+        except CallError as e:
+            log.warning(
+                "undoing an abandoned call failed", call=call.name, actor=call.made, error=e.message
+            )
+        else:
+            log.info("abandoned call undone", call=call.name, actor=call.made)
+
+    def abandon_startups(self) -> list[str]:
+        """Abandon every Run and Restore in flight (each undoes what it made); the UIDs
+        (upstream's ``cancelStartups`` on SIGTERM)."""
+        for call in self._calls.values():
+            call.abandon()
+        return sorted(self._calls)
+
     # --- the machine ------------------------------------------------------------------------
 
     def _begin(self, request: _LifecycleRequest) -> str:
@@ -415,20 +568,30 @@ class WorkerService:
 
     async def _activate(
         self,
-        uid: str,
+        call: _Call,
         request: pb.RunWorkloadRequest | pb.RestoreWorkloadRequest,
         workload: worker_requests.Workload,
     ) -> str:
         """Under the UID's lock: a new activation registered and sized (Run and Restore)."""
+        uid = call.uid
         self._not_draining()  # SIGTERM may have come while this call waited for the lock
+        view = self._live(uid)
+        if view is not None and view.state == "suspended":
+            # Checkpointed and torn down, but its Checkpoint's caller left before the
+            # activation was deleted (the teardown's last step): finish it.
+            await self._delete(view.actor_id)
         self._not_executing(uid)
         self._admit(uid)
         try:
-            await self._compose(workload)
             try:
-                actor_id = await self._register(request, workload)
+                # Not abandonable: a compose the caller gave up on finishes, and is undone
+                # here (a thread left running would mount after the unmount).
+                with anyio.CancelScope(shield=True):
+                    await self._compose(workload)
+                actor_id = await self._register(call, request, workload)
             except BaseException:
-                await self._unmount(workload.bundle_dir)
+                if call.made is None:
+                    await self._unmount(workload.bundle_dir)
                 raise
         finally:
             self._admitting.discard(uid)
@@ -493,6 +656,7 @@ class WorkerService:
 
     async def _register(
         self,
+        call: _Call,
         request: pb.RunWorkloadRequest | pb.RestoreWorkloadRequest,
         workload: worker_requests.Workload,
     ) -> str:
@@ -502,6 +666,7 @@ class WorkerService:
         while self._agent.actor(f"{uid}.{n}") is not None:
             n += 1
         actor_id = f"{uid}.{n}"
+        call.made = actor_id  # before it exists: an abandoned call deletes it if it does
         identity = {name: getattr(request, name) for name in IDENTITY_FIELDS}
         identity[EPOCH_KEY] = str(time.time_ns())
         gpu = bool(workload.gpu_names) or self._gpu_worker
@@ -568,9 +733,20 @@ class WorkerService:
             submitted = await self._submit(event)
             if submitted.dest not in in_flight:
                 return submitted
+            ours = False
             try:
                 async for t in transitions:
-                    if t.actor_id == actor_id and t.dest not in in_flight:
+                    if t.actor_id != actor_id:
+                        continue
+                    if not ours:
+                        # What came before our own event (another door's) is not its end.
+                        ours = (t.event_type, t.at, t.dest) == (
+                            submitted.event_type,
+                            submitted.at,
+                            submitted.dest,
+                        )
+                        continue
+                    if t.dest not in in_flight:
                         return t
             except errors.SubscriptionOverflow:
                 # Fell behind a very busy agent: read the actor's state instead.
@@ -601,20 +777,8 @@ class WorkerService:
             await self._unmount(Path(view.bundle))
 
     async def _delete_sandbox(self, actor_id: str) -> None:
-        view = self._agent.actor(actor_id)
+        view = await self._settled(actor_id)
         if view is None or view.state == "deleted":
-            return
-        if view.state in self._agent.spec.effects and view.state != "deleting":
-            with anyio.move_on_after(SETTLE_TIMEOUT):
-                async with self._agent.subscribe(buffer=100_000) as transitions:
-                    async for t in transitions:
-                        if t.actor_id == actor_id and t.dest not in self._agent.spec.effects:
-                            break
-        view = self._agent.actor(actor_id)
-        if view is None or view.state == "deleted":
-            return
-        if view.state == "deleting":
-            await self._agent.wait_for_state(actor_id, "deleted", timeout=SETTLE_TIMEOUT)
             return
         await self._reach(
             actor_id, events.DeleteRequested(actor_id=actor_id), "deleted", "delete", cleanup=False
@@ -634,6 +798,29 @@ class WorkerService:
             if overlay.mount_points_under(bundle, table):
                 log.info("detaching a deleted activation's rootfs", bundle=bundle)
                 await self._unmount(Path(bundle))
+
+    async def _settled(self, actor_id: str) -> actors.ActorView | None:
+        """The actor once no effect of its is in flight (one another door or an abandoned
+        call started runs to its end, bounded by its timeout), or None when unknown.
+
+        Subscribed before the state is read, so the transition that ends the effect cannot
+        fall between the read and the wait (the wait would then last until the timeout)."""
+        in_flight = self._agent.spec.effects
+        with anyio.move_on_after(SETTLE_TIMEOUT):
+            async with self._agent.subscribe(buffer=100_000) as transitions:
+                view = self._agent.actor(actor_id)
+                if view is None or view.state not in in_flight:
+                    return view
+                try:
+                    async for t in transitions:
+                        if t.actor_id == actor_id and t.dest not in in_flight:
+                            break
+                except errors.SubscriptionOverflow:
+                    while (view := self._agent.actor(actor_id)) is not None:
+                        if view.state not in in_flight:
+                            break
+                        await anyio.sleep(0.05)
+        return self._agent.actor(actor_id)
 
     # --- stats --------------------------------------------------------------------------------
 
@@ -833,9 +1020,13 @@ def _serialize(response: message.Message) -> bytes:
 
 @contextlib.asynccontextmanager
 async def serving(
-    worker: WorkerService, path: Path, claim: Callable[[Path], None]
+    worker: WorkerService,
+    path: Path,
+    claim: Callable[[Path], None],
+    tasks: anyio.abc.TaskGroup,
 ) -> AsyncIterator[None]:
-    """Serve ``worker`` on the Unix socket ``path`` (mode 0600) while inside.
+    """Serve ``worker`` on the Unix socket ``path`` (mode 0600) while inside, its calls
+    run in ``tasks`` (:meth:`WorkerService.hosted_in`).
 
     ``claim`` replaces a stale socket file and refuses one another process serves (the
     JSON socket's rule). On leaving, calls in progress get a moment to answer.
@@ -856,7 +1047,9 @@ async def serving(
         ) from e
     ours = path.stat()
     try:
-        yield
+        # Closed before the server stops: a call still in it is answered, not cut off.
+        with worker.hosted_in(tasks):
+            yield
     finally:
         with anyio.CancelScope(shield=True):
             await server.stop(grace=1.0)

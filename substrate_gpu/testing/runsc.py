@@ -241,6 +241,10 @@ def live_device_fds(pids: list[int]) -> list[str]:
 
 
 def maybe_hang(command: str) -> None:
+    for entry in ENV.get("RUNSC_STANDIN_DELAY", "").split(","):
+        delayed, _, seconds = entry.strip().partition("=")
+        if delayed == command and seconds:
+            time.sleep(float(seconds))
     if command not in {h.strip() for h in ENV.get("RUNSC_STANDIN_HANG", "").split(",")}:
         return
     # A child too, so a test can check that the whole process group dies, not just us.

@@ -54,10 +54,17 @@ class FakeRuntime:
     """Operations that wait for their event to be set before acting."""
     fail_on: dict[tuple[str, str], str] = field(default_factory=dict)
     """(operation, container id) pairs that fail with this stderr (a sandbox's one step)."""
+    gates_on: dict[tuple[str, str], anyio.Event] = field(default_factory=dict)
+    """(operation, container id) pairs that wait for their event (a sandbox's one step)."""
     root: str = ""
     """The actor whose own runsc root this runtime is (:meth:`for_actor`), or empty."""
     roots: dict[str, FakeRuntime] = field(default_factory=dict)
     """The per-actor runtimes handed out (their calls go to this runtime's ``calls``)."""
+    removed_roots: list[str] = field(default_factory=list)
+    """The actors whose own root was removed (:meth:`remove_root`), in order."""
+    root_made: bool = False
+    """A per-actor runtime's root exists: a create or restore ran under it since it was
+    last removed (runsc makes its root on the first create)."""
     _next_pid: int = 1000
 
     def for_actor(self, actor_id: str) -> FakeRuntime:
@@ -72,9 +79,25 @@ class FakeRuntime:
                 fail=self.fail,
                 gates=self.gates,
                 fail_on=self.fail_on,
+                gates_on=self.gates_on,
                 root=actor_id,
+                removed_roots=self.removed_roots,
             )
         return child
+
+    def has_root(self) -> bool:
+        return self.root_made
+
+    async def remove_root(self) -> None:
+        """Remove this actor's root; refused (an OSError) while a container is left in it:
+        the record of a container that could not be deleted must stay."""
+        if not self.root:
+            raise ValueError("the worker's own root is never removed")
+        await anyio.lowlevel.checkpoint()
+        if self.containers:
+            raise OSError(f"root {self.root} still holds {sorted(self.containers)}")
+        self.root_made = False
+        self.removed_roots.append(self.root)
 
     async def _enter(self, op: str, argv: tuple[str, ...]) -> None:
         if self.root:
@@ -85,6 +108,8 @@ class FakeRuntime:
             await anyio.sleep_forever()
         if op in self.gates:
             await self.gates[op].wait()
+        if (op, argv[-1]) in self.gates_on:
+            await self.gates_on[op, argv[-1]].wait()
         if op in self.fail:
             raise _error(runsc.RunscError, argv, self.fail[op])
         if (op, argv[-1]) in self.fail_on:
@@ -112,6 +137,7 @@ class FakeRuntime:
 
     async def create(self, container_id: str, bundle: Path, *, nvproxy: bool) -> None:
         argv = ("runsc", *(["--nvproxy"] if nvproxy else []), "create", container_id)
+        self.root_made = bool(self.root)
         await self._enter("create", argv)
         if container_id in self.containers:
             raise _error(

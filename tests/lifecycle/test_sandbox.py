@@ -89,6 +89,7 @@ async def test_a_cpu_sandbox_checkpoints_its_pause_and_restores_every_container(
         await agent.submit(events.SuspendRequested(actor_id="s"))
         await agent.wait_for_state("s", "suspended", timeout=5)
         suspended = _sandbox_calls(runtime)
+        assert runtime.removed_roots == ["s"]  # the teardown leaves no root behind
         runtime.calls.clear()
         await agent.submit(events.RestoreRequested(actor_id="s"))
         await agent.wait_for_state("s", "running", timeout=5)
@@ -97,8 +98,9 @@ async def test_a_cpu_sandbox_checkpoints_its_pause_and_restores_every_container(
         await agent.submit(events.DeleteRequested(actor_id="s"))
         await agent.wait_for_state("s", "deleted", timeout=5)
     assert suspended[0] == ("checkpoint", "_pause")
-    # Cleanup deletes the apps once more after _pause (an exited sandbox refuses them).
-    assert [c[-1] for c in suspended[1:]] == ["side", "app", "_pause", "side", "app"]
+    # Apps first, _pause last; an app already gone is not deleted again after _pause
+    # (only one an exited sandbox refused: test_deleting_an_exited_sandbox_retries...).
+    assert [c[-1] for c in suspended[1:]] == ["side", "app", "_pause"]
     assert restored == [
         ("create", "_pause"),
         ("restore", "_pause"),
@@ -108,6 +110,7 @@ async def test_a_cpu_sandbox_checkpoints_its_pause_and_restores_every_container(
         ("restore", "side"),
     ]
     assert _sandbox_calls(runtime) == [("delete", "side"), ("delete", "app"), ("delete", "_pause")]
+    assert runtime.removed_roots == ["s", "s"]  # after the teardown, and after the delete
     assert runtime.roots["s"].containers == {}
     assert injector.calls == []  # a CPU sandbox: nothing injected
 
@@ -170,6 +173,7 @@ async def test_a_failure_part_way_leaves_no_container_and_names_it(
     assert f"while {verb} container {failing[1]} of sandbox s" in (actor.reason or "")
     assert actor.state == state
     assert runtime.roots["s"].containers == {}
+    assert not runtime.roots["s"].has_root()  # the clean-up removed it
     # Cleaned up apps first, _pause after them (then apps once more: an exited sandbox).
     deletes = [c[-1] for c in _sandbox_calls(runtime) if c[0] == "delete"]
     first_pass = deletes[: deletes.index("_pause") + 1]
@@ -194,6 +198,8 @@ async def test_deleting_an_exited_sandbox_retries_its_apps_after_pause(
     assert "while deleting container app of sandbox s" in (actor.reason or "")
     deletes = [c[-1] for c in _sandbox_calls(runtime) if c[0] == "delete"]
     assert deletes == ["side", "app", "_pause", "app"]
+    # The app's record is still in the root: kept, for the next delete to try again.
+    assert runtime.removed_roots == [] and runtime.roots["s"].has_root()
 
 
 async def test_a_leftover_sandbox_the_actor_does_not_know_of_is_replaced(
@@ -447,3 +453,54 @@ async def test_recovery_of_a_half_created_sandbox_deletes_every_container(
         deletes = [c[-1] for c in _sandbox_calls(runtime) if c[0] == "delete"]
         assert deletes[:3] == ["side", "app", "_pause"]
     assert "sandbox: _pause running, app created" in recovery.report[0].runtime
+
+
+async def test_a_teardown_that_failed_is_finished_by_the_delete(
+    make_agent: MakeAgent, runtime: FakeRuntime, tmp_path: Path
+) -> None:
+    """After a good checkpoint the teardown's delete of _pause failed (the actor is
+    suspended, believed to have no sandbox): the delete effect still finds the root, deletes
+    what is left and removes it."""
+    bundle = _bundles(tmp_path)
+    async with make_agent() as agent:
+        await _run(agent, bundle, gpu=False)
+        runtime.fail_on["delete", "_pause"] = "stuck"
+        await agent.submit(events.SuspendRequested(actor_id="s"))
+        await agent.wait_for_state("s", "suspended", timeout=5)
+        assert set(runtime.roots["s"].containers) == {"_pause"} and runtime.removed_roots == []
+        del runtime.fail_on["delete", "_pause"]
+        await agent.submit(events.DeleteRequested(actor_id="s"))
+        await agent.wait_for_state("s", "deleted", timeout=5)
+    assert runtime.roots["s"].containers == {}
+    assert runtime.removed_roots == ["s"]
+
+
+async def test_recovery_of_a_delete_interrupted_after_its_containers_removes_the_root(
+    runtime: FakeRuntime, injector: FakeInjector, tmp_path: Path
+) -> None:
+    """An agent killed mid-delete once runsc had deleted every container: recovery records
+    ``deleted`` and does the delete's last step, the root removed."""
+    from lifecycle.doubles import FakeProbe
+
+    log_path = tmp_path / "events.jsonl"
+    async with (
+        await EventLog.open(log_path) as log,
+        Agent(
+            runtime=runtime,
+            probe=FakeProbe(runtime),
+            injector=injector,
+            checkpoint_root=tmp_path / "ck",
+            recorder=log,
+        ) as agent,
+    ):
+        await _run(agent, _bundles(tmp_path), gpu=False)
+        runtime.hang.add("delete")
+        await agent.submit(events.DeleteRequested(actor_id="s"))
+        await agent.wait_for_state("s", "deleting", timeout=5)
+    runtime.hang.clear()
+    rooted = runtime.for_actor("s")
+    rooted.containers = {}  # runsc finished the deletes after the agent died
+    assert rooted.has_root()
+    recovery = await recover(log_path, runtime=runtime, checkpoint_root=tmp_path / "ck")
+    assert [e.type for e in recovery.reconcile_events] == ["deleted"]
+    assert runtime.removed_roots == ["s"] and not rooted.has_root()

@@ -6,6 +6,7 @@ a checkpoint's teardown, a Restore's Terminate) leaves nothing mounted (issue 31
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,7 +69,8 @@ def _seen(runsc: Path, actor_root: Path) -> str:
 def test_a_layered_image_runs_checkpoints_and_restores_with_nothing_left_mounted(
     worker, real_runsc: Path, root: Path, tmp_path: Path, layers: Path
 ) -> None:
-    actor = Actor(tmp_path / "actor", app_args=list(OBSERVER_ARGS), runsc=str(real_runsc))
+    uid = str(uuid.uuid4())  # its own: the sandbox's cgroup is named after it
+    actor = Actor(tmp_path / "actor", uid=uid, app_args=list(OBSERVER_ARGS), runsc=str(real_runsc))
     actor.prepare()
     layered_actor_bundles(actor.bundles, layers, actor.apps)
     assert status_of(worker.RunWorkload, actor.run()) == (OK, "")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 
 import grpc
@@ -57,7 +58,10 @@ def worker(agent: AgentProcess, tmp_path: Path):
 
 def _layered(tmp_path: Path, layers: Path) -> Actor:
     runsc = str(tmp_path / "bin" / "runsc")
-    actor = Actor(tmp_path / "actor", app_args=list(OBSERVER_ARGS), runsc=runsc).prepare()
+    # A UID of its own: the sandbox's cgroup is named after it, and tests run in parallel.
+    uid = str(uuid.uuid4())
+    actor = Actor(tmp_path / "actor", uid=uid, app_args=list(OBSERVER_ARGS), runsc=runsc)
+    actor.prepare()
     layered_actor_bundles(actor.bundles, layers, actor.apps)
     return actor
 
