@@ -1,5 +1,5 @@
 """The kernel's new mount API (``fsopen``/``fsconfig``/``fsmount``/``move_mount``,
-``open_tree``/``mount_setattr``) and the teardown of every mount under a directory.
+``open_tree``/``mount_setattr``); the teardown is :mod:`substrate_gpu._mountinfo`'s.
 
 Mounts are attached relative to a directory descriptor the caller reached through real
 directories, and ``move_mount`` is never asked to follow a symlink at its target, so a link
@@ -17,16 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from substrate_gpu.exceptions import SubstrateGpuError
-
 __all__ = [
-    "UnmountError",
     "detach",
     "mount_image_volume",
     "mount_overlay",
-    "mount_points_under",
     "move",
-    "unmount_all_under",
 ]
 
 _SYS_OPEN_TREE: Final = 428
@@ -47,10 +42,6 @@ _AT_RECURSIVE: Final = 0x8000
 _MOUNT_ATTR_RDONLY: Final = 0x1
 _MNT_DETACH: Final = 0x2
 _UMOUNT_NOFOLLOW: Final = 0x8
-
-
-class UnmountError(SubstrateGpuError):
-    """Some mount under a directory would not detach; the message names each and why."""
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -179,61 +170,3 @@ def detach(path: Path) -> None:
 
 
 # --- taking apart -----------------------------------------------------------------------
-
-
-def _unescape(field: str) -> str:
-    """A mountinfo path field: space, tab, newline and backslash are octal escapes."""
-    out = []
-    i = 0
-    while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def mount_points_under(directory: Path | str, mountinfo: str | None = None) -> list[str]:
-    """Mount points at or below ``directory`` in this process's mount namespace (from
-    ``/proc/self/mountinfo``, or the text given), deepest first."""
-    base = os.path.normpath(str(directory))
-    if mountinfo is None:
-        mountinfo = Path("/proc/self/mountinfo").read_text(errors="surrogateescape")
-    points = []
-    for line in mountinfo.splitlines():
-        fields = line.split(" ")
-        if len(fields) < 5:
-            continue
-        point = _unescape(fields[4])
-        if point == base or point.startswith(base.rstrip("/") + "/"):
-            points.append(point)
-    return sorted(set(points), key=lambda p: (-p.count("/"), p))
-
-
-def unmount_all_under(directory: Path | str) -> list[str]:
-    """Detach every mount at or below ``directory``, deepest first (upstream's
-    ``UnmountAllUnder``); what is not mounted is no error. Returns the mount points
-    detached. One point may carry stacked mounts, so the table is read again until nothing
-    is left or a round changes nothing; what would not go is raised as :class:`UnmountError`
-    after every other point was tried."""
-    done: list[str] = []
-    last: list[str] = []
-    errors: dict[str, str] = {}
-    while True:
-        points = mount_points_under(directory)
-        if not points or points == last:
-            break
-        last = points
-        for point in points:
-            try:
-                detach(Path(point))
-            except OSError as e:
-                errors[point] = str(e)
-            else:
-                done.append(point)
-                errors.pop(point, None)
-    if errors:
-        raise UnmountError(f"while unmounting under {directory}: {'; '.join(errors.values())}")
-    return done

@@ -48,9 +48,10 @@ from pathlib import Path
 from typing import Final
 
 from substrate_gpu import _defaults, _files
+from substrate_gpu._mountinfo import mounts_under as mount_points_under
+from substrate_gpu._mountinfo import unmount_all_under
 from substrate_gpu.exceptions import SubstrateGpuError
 from substrate_gpu.rootfs import confined, mounts
-from substrate_gpu.rootfs.mounts import mount_points_under, unmount_all_under
 
 __all__ = [
     "DEFAULT_LAYERS_DIR",
@@ -328,7 +329,7 @@ def compose_rootfs(container_dir: Path, spec: OverlaySpec) -> None:
                 finally:
                     os.close(volumes_fd)
         except BaseException:
-            mounts.unmount_all_under(container_dir)
+            unmount_all_under(container_dir)
             raise
     except confined.ConfinedPathError as e:
         raise OverlayError(f"while composing {container_dir}/rootfs: {e}", bad_input=True) from e

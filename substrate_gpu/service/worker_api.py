@@ -60,7 +60,7 @@ from google.protobuf import message
 from substrate_gpu import _blocking, _defaults, _private, exceptions
 from substrate_gpu.injection import devices
 from substrate_gpu.lifecycle import Agent, actors, errors, events, hooks, sandbox
-from substrate_gpu.rootfs import mounts, overlay
+from substrate_gpu.rootfs import overlay
 from substrate_gpu.runsc import api as runsc_api
 from substrate_gpu.service import (
     _socketfile,
@@ -638,7 +638,7 @@ class WorkerService:
                     functools.partial(overlay.unmount_all_under, bundle_dir),
                     name="substrate-gpu unmount rootfs",
                 )
-            except (mounts.UnmountError, OSError) as e:
+            except OSError as e:
                 log.warning("rootfs unmount failed", bundle=str(bundle_dir), error=str(e))
 
     def _admit(self, uid: str) -> None:

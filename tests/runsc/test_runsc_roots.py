@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from substrate_gpu import _mountinfo
 from substrate_gpu.runsc import driver, roots
 
 
@@ -95,7 +96,7 @@ def test_a_mount_that_will_not_come_off_is_an_error_naming_it(
     root.mkdir()
     info = tmp_path / "mountinfo"
     info.write_text(f"99 1 0:4 net:[1] {root}/null-netns rw - nsfs nsfs rw\n")
-    monkeypatch.setattr(roots, "_umount_detach", lambda path: 1)
+    monkeypatch.setattr(_mountinfo, "_umount_detach", lambda path: 1)
     with pytest.raises(roots.RootRemovalError, match=r"cannot unmount .*null-netns"):
         roots.remove(root, info)
     assert root.exists()

@@ -81,7 +81,7 @@ def test_run_composes_the_layers_and_terminate_detaches_them(
 ) -> None:
     actor = _layered(tmp_path, layers)
     assert status_of(worker.RunWorkload, actor.run()) == (OK, "")
-    mounted = overlay.mount_points_under(actor.bundles)
+    mounted = sorted(overlay.mount_points_under(actor.bundles))
     assert mounted == sorted(
         [str(actor.bundles / "_pause/rootfs"), str(actor.bundles / "app/rootfs")]
     )
