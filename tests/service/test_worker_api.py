@@ -320,3 +320,25 @@ def test_terminate_deletes_app_containers_first_and_pause_last(tmp_path, standin
         assert len(argv_log.read_text().splitlines()) == before
     finally:
         process.terminate()
+
+
+def test_terminate_deletes_every_live_activation_of_the_uid(worker, agent, tmp_path):
+    """Two live activations of one UID (a running sandbox, and an actor the JSON door
+    registered with the UID's identity): Terminate deletes both, not only the newest."""
+    actor = Actor(tmp_path / "twice", uid="twice").prepare()
+    assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
+    by_hand = {
+        "type": "actor_registered",
+        "v": 3,
+        "actor_id": "twice-by-hand",
+        "gpu": False,
+        "bundle": str(tmp_path / "by-hand"),
+        "identity": actor.identity(),
+    }
+    with agent.client() as client:
+        assert client.request(by_hand)["ok"] is True, by_hand
+    assert status_of(worker.TerminateWorkload, actor.terminate()) == (grpc.StatusCode.OK, "")
+    with agent.client() as client:
+        listed = client.request({"query": "actors"})["actors"]
+    states = {a["actor_id"]: a["state"] for a in listed if a["actor_id"].startswith("twice")}
+    assert states == {"twice.1": "deleted", "twice-by-hand": "deleted"}
