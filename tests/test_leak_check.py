@@ -199,3 +199,18 @@ def test_a_runsc_sandbox_left_running_fails_the_run(tmp_path, real_runsc):
         from support import real_runsc as real_runsc_
 
         real_runsc_.delete_all(real_runsc, root)
+
+
+def test_another_workers_directory_is_not_this_ones(tmp_path):
+    """xdist's ``popen-gw10`` starts with ``popen-gw1``: a process marked with the one is
+    not the other's (by path, not by string)."""
+    mine, other = tmp_path / "popen-gw1", tmp_path / "popen-gw10"
+    child = subprocess.Popen(["sleep", "60"], env={**os.environ, leaks.MARKER: str(other)})
+    try:
+        no_parent = -1  # judged by the marker alone, not as this process's descendant
+        assert [leak for leak in leaks.find(mine, me=no_parent) if child.pid in leak.pids] == []
+        [found] = [leak for leak in leaks.find(other, me=no_parent) if child.pid in leak.pids]
+        assert f"its environ names '{leaks.MARKER}={other}'" in found.description
+    finally:
+        child.kill()
+        child.wait()

@@ -150,7 +150,9 @@ def _root_in_our_namespace(pid: int, ours: list[tuple[str, str, str, str]]) -> s
 
 
 def _names(pid: int, directory: str) -> str | None:
-    """How ``pid``'s environment or command line names ``directory``, or None."""
+    """How ``pid``'s environment or command line names ``directory``, or None. The name must
+    end there or go on below it (xdist's ``popen-gw1`` is not ``popen-gw10``)."""
+    named = re.compile(re.escape(directory) + r"(?![^/\s:,;=])")
     for what in ("environ", "cmdline"):
         try:
             data = Path(f"/proc/{pid}/{what}").read_bytes()
@@ -158,7 +160,7 @@ def _names(pid: int, directory: str) -> str | None:
             continue
         for item in data.split(b"\0"):
             text = item.decode(errors="replace")
-            if directory in text:
+            if named.search(text):
                 return f"its {what} names {text[:160]!r}"
     return None
 
@@ -216,7 +218,7 @@ def _containers(directory: Path, mountpoints: set[str]) -> list[Leak]:
             pids = tuple(
                 p
                 for p in (int(state["sandbox"]["pid"] or 0), int(state.get("goferPid") or 0))
-                if p > 0 and _alive(p) and str(directory) in _cmdline(p)
+                if p > 0 and _alive(p) and _under_any(_cmdline(p), str(directory))
             )
             if pids:
                 found.append(
@@ -228,6 +230,11 @@ def _containers(directory: Path, mountpoints: set[str]) -> list[Leak]:
                     )
                 )
     return found
+
+
+def _under_any(cmdline: str, directory: str) -> bool:
+    """Whether a word of ``cmdline`` (or its value after ``=``) lies under ``directory``."""
+    return any(_under(word.rpartition("=")[2], directory) for word in cmdline.split())
 
 
 def _cmdline(pid: int) -> str:
