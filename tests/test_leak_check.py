@@ -7,7 +7,9 @@ support.leaks``) and a rootdir of its own, planting the leak there.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -33,9 +35,11 @@ def test_a_container(tmp_path):
 """
 
 
-def _suite(tmp_path: Path, body: str, settle: float = 1) -> subprocess.CompletedProcess[str]:
+def _suite(
+    tmp_path: Path, body: str, settle: float = 1, workers: int = 0
+) -> subprocess.CompletedProcess[str]:
     """``body`` as a test module run by a child pytest with the leak check (``settle``: the
-    seconds a leftover has to go by itself)."""
+    seconds a leftover has to go by itself; ``workers``: xdist's, none by default)."""
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_planted.py").write_text(
         "import os, subprocess, sys\n" + textwrap.dedent(body)
@@ -51,8 +55,7 @@ def _suite(tmp_path: Path, body: str, settle: float = 1) -> subprocess.Completed
             "support.leaks",
             "-p",
             "no:cacheprovider",
-            "-p",
-            "no:xdist",
+            *(("-n", str(workers)) if workers else ("-p", "no:xdist")),
             "-q",
             "--basetemp",
             str(tmp_path / "basetemp"),
@@ -67,8 +70,8 @@ def _suite(tmp_path: Path, body: str, settle: float = 1) -> subprocess.Completed
     )
 
 
-def _running(tag: str) -> list[str]:
-    """Command lines of the processes whose command line holds ``tag``."""
+def _running(tag: str) -> list[int]:
+    """The processes whose command line holds ``tag`` (the child pytest aside)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -77,8 +80,15 @@ def _running(tag: str) -> list[str]:
             except OSError:
                 continue
             if tag in cmdline and "pytest" not in cmdline:
-                found.append(cmdline)
+                found.append(int(entry.name))
     return found
+
+
+def _kill(tag: str) -> None:
+    """SIGKILL what a failed case left of its planted processes (by pid)."""
+    for pid in _running(tag):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _mounted_under(directory: Path) -> list[str]:
@@ -132,7 +142,7 @@ def test_a_process_and_a_mount_left_behind_fail_the_run(tmp_path, require_root):
     finally:
         for point in _mounted_under(tmp_path):
             subprocess.run(["umount", "-l", point], check=False)
-        subprocess.run(["pkill", "-KILL", "-f", f"^sleep {tag}"], check=False)
+        _kill(tag)
 
 
 @pytest.mark.runc
@@ -214,3 +224,33 @@ def test_another_workers_directory_is_not_this_ones(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_each_xdist_worker_checks_its_own(tmp_path):
+    """Under ``-n 2`` each worker finds what its own tests left (two tests, one per worker,
+    each leaving a child): both reported, each once, by the worker that ran it."""
+    tag = f"9{uuid.uuid4().int % 10**6:06d}"
+    result = _suite(
+        tmp_path,
+        f"""
+        import time
+
+        def test_one():
+            subprocess.Popen(["sleep", "{tag}1"])
+            time.sleep(2)  # so the other worker takes the other test
+
+        def test_two():
+            subprocess.Popen(["sleep", "{tag}2"])
+            time.sleep(2)
+        """,
+        workers=2,
+    )
+    output = result.stdout + result.stderr
+    try:
+        assert result.returncode == 1, output
+        for n in (1, 2):
+            assert output.count(f"'sleep {tag}{n}': a descendant of this pytest process") == 1
+        assert "popen-gw0 (killed" in output and "popen-gw1 (killed" in output, output
+        assert _running(tag) == []
+    finally:
+        _kill(tag)
