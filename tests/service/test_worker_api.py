@@ -391,20 +391,30 @@ def test_a_refused_checkpoint_is_not_a_failure(worker, agent, runc_path, tmp_pat
     """A live CUDA context the actor has no route to suspend: FAILED_PRECONDITION with the
     machine's reason (not INTERNAL), and the workload is neither torn down nor marked
     failed: it runs on, and a later Terminate deletes it."""
-    actor = Actor(tmp_path / "refused", uid="refused").prepare()
-    actor_root = tmp_path / "runsc-root" / "refused.1"
+    actor = Actor(tmp_path / "refused", uid="standin-refused").prepare()
+    actor_root = tmp_path / "runsc-root" / "standin-refused.1"
     try:
         assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
         with agent.client() as client:  # the node agent saw a context open (the other door)
-            opened = {"type": "cuda_context_opened", "v": 1, "actor_id": "refused.1", "pid": 7}
+            opened = {
+                "type": "cuda_context_opened",
+                "v": 1,
+                "actor_id": "standin-refused.1",
+                "pid": 7,
+            }
             assert client.request(opened)["ok"]
         code, message = status_of(worker.CheckpointWorkload, actor.checkpoint_request())
         assert code == PRECONDITION, message
-        assert "checkpoint of actor 'refused.1' refused" in message and "CUDA context" in message
+        assert (
+            "checkpoint of actor 'standin-refused.1' refused" in message
+            and "CUDA context" in message
+        )
         assert _containers(runc_path, actor_root) == ["_pause", "app"]
-        assert _running(worker, "refused")
+        assert _running(worker, "standin-refused")
         with agent.client() as client:
-            state = client.request({"query": "actor", "actor_id": "refused.1"})["actor"]["state"]
+            state = client.request({"query": "actor", "actor_id": "standin-refused.1"})["actor"][
+                "state"
+            ]
         assert state == "running"
     finally:
         assert status_of(worker.TerminateWorkload, actor.terminate()) == (grpc.StatusCode.OK, "")
