@@ -324,10 +324,10 @@ def test_terminate_deletes_app_containers_first_and_pause_last(tmp_path, standin
         process.terminate()
 
 
-def test_terminate_deletes_every_live_activation_of_the_uid(worker, agent, tmp_path):
+def test_terminate_deletes_every_live_activation_of_the_uid(worker, agent, standin, tmp_path):
     """Two live activations of one UID (a running sandbox, and an actor the JSON door
     registered with the UID's identity): Terminate deletes both, not only the newest."""
-    actor = Actor(tmp_path / "twice", uid="twice").prepare()
+    actor = Actor(tmp_path / "twice", runsc=str(standin), uid="twice").prepare()
     assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
     by_hand = {
         "type": "actor_registered",
@@ -335,7 +335,7 @@ def test_terminate_deletes_every_live_activation_of_the_uid(worker, agent, tmp_p
         "actor_id": "twice-by-hand",
         "gpu": False,
         "bundle": str(tmp_path / "by-hand"),
-        "identity": actor.identity(),
+        "identity": {k: v for k, v in actor.identity().items() if k != "runsc_path"},
     }
     with agent.client() as client:
         assert client.request(by_hand)["ok"] is True, by_hand
@@ -367,10 +367,10 @@ def _running(worker, uid: str) -> bool:
     )
 
 
-def test_a_second_run_of_a_running_uid_is_refused(worker, agent, runc_path, tmp_path):
+def test_a_second_run_of_a_running_uid_is_refused(worker, agent, standin, runc_path, tmp_path):
     """FAILED_PRECONDITION naming the running activation; the first goes on, untouched (its
     containers, its state), and no second activation is registered."""
-    actor = Actor(tmp_path / "second", uid="second").prepare()
+    actor = Actor(tmp_path / "second", runsc=str(standin), uid="second").prepare()
     actor_root = tmp_path / "runsc-root" / "second.1"
     try:
         assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
@@ -387,11 +387,11 @@ def test_a_second_run_of_a_running_uid_is_refused(worker, agent, runc_path, tmp_
         assert status_of(worker.TerminateWorkload, actor.terminate()) == (grpc.StatusCode.OK, "")
 
 
-def test_a_refused_checkpoint_is_not_a_failure(worker, agent, runc_path, tmp_path):
+def test_a_refused_checkpoint_is_not_a_failure(worker, agent, standin, runc_path, tmp_path):
     """A live CUDA context the actor has no route to suspend: FAILED_PRECONDITION with the
     machine's reason (not INTERNAL), and the workload is neither torn down nor marked
     failed: it runs on, and a later Terminate deletes it."""
-    actor = Actor(tmp_path / "refused", uid="standin-refused").prepare()
+    actor = Actor(tmp_path / "refused", runsc=str(standin), uid="standin-refused").prepare()
     actor_root = tmp_path / "runsc-root" / "standin-refused.1"
     try:
         assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
@@ -421,10 +421,10 @@ def test_a_refused_checkpoint_is_not_a_failure(worker, agent, runc_path, tmp_pat
     assert _containers(runc_path, actor_root) == []
 
 
-def test_a_checkpoint_tears_the_workload_down(worker, agent, runc_path, tmp_path):
+def test_a_checkpoint_tears_the_workload_down(worker, agent, standin, runc_path, tmp_path):
     """FULL checkpoint: the files written are answered, then the sandbox is deleted (no
     container left, the UID no longer executing here, the activation deleted)."""
-    actor = Actor(tmp_path / "ckpt", uid="ckpt").prepare()
+    actor = Actor(tmp_path / "ckpt", runsc=str(standin), uid="ckpt").prepare()
     actor_root = tmp_path / "runsc-root" / "ckpt.1"
     try:
         assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")

@@ -18,6 +18,7 @@ import pytest
 
 from substrate_gpu.lifecycle import actors, events, hooks
 from substrate_gpu.service import protocol, worker_api
+from substrate_gpu.testing import node as node_
 
 from .workerclient import Actor
 
@@ -62,10 +63,11 @@ class _RefusingDoor:
 )
 def test_a_refused_event_is_answered_by_its_kind(tmp_path: Path, kind, code) -> None:
     """The refusal's message is the answer's, and the door counts the refusal."""
-    actor = Actor(tmp_path / "actor").prepare()
+    runsc = str(node_.install_runsc_standin(tmp_path / "bin"))
+    actor = Actor(tmp_path / "actor", runsc=runsc).prepare()
     error = protocol.RequestError(kind, f"refused as {kind}", f"{actor.uid}.1")
     door = _RefusingDoor(error)
-    service = worker_api.WorkerService(door, runsc="runsc")  # type: ignore[arg-type]
+    service = worker_api.WorkerService(door, runsc=runsc)  # type: ignore[arg-type]
     with pytest.raises(worker_api.CallError) as raised:
         anyio.run(service.RunWorkload, actor.run())
     assert (raised.value.code, raised.value.message) == (code, f"refused as {kind}")

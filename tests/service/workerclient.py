@@ -40,6 +40,8 @@ class Actor:
     apps: tuple[str, ...] = ("app",)
     app_args: list[str] = field(default_factory=lambda: list(COUNTER_ARGS))
     annotations: dict[str, str] | None = None
+    runsc: str = ""
+    """``runsc_path`` of every request: the agent's ``--runsc`` (required, as upstream)."""
 
     def __post_init__(self) -> None:
         self.bundles = self.root / "bundles"
@@ -64,7 +66,9 @@ class Actor:
         return pb.ActorDirs(**values)
 
     def identity(self) -> dict[str, str]:
+        """The identity fields and ``runsc_path``, which every lifecycle request carries."""
         return {
+            "runsc_path": self.runsc,
             "atespace": "team-a",
             "actor_name": "counter",
             "actor_uid": self.uid,
