@@ -132,7 +132,7 @@ def test_bench_worker_api_cleans_the_direct_arm_after_a_failing_round(
         real_command(runsc, root, *args, check=check)
 
     monkeypatch.setattr(bench, "_runsc", failing_checkpoint)
-    monkeypatch.setattr(bench, "grpc_round", lambda worker, base, i: [0.0, 0.0, 0.0])
+    monkeypatch.setattr(bench, "grpc_round", lambda *args: [0.0, 0.0, 0.0])
     try:
         with pytest.raises(RuntimeError, match="planted: checkpoint failed"):
             bench.main_run(1, smoke=True)  # type: ignore[attr-defined]

@@ -3,14 +3,12 @@
 The door (``AgentService.accept``, the JSON door's too) says why an event was not accepted;
 the worker API turns that into a gRPC status: a request it could never make valid is the
 caller's mistake (INVALID_ARGUMENT), an event the actor's state refuses is a precondition
-(FAILED_PRECONDITION), a log that failed is UNAVAILABLE (go to another worker). Driven through
-``RunWorkload`` with a door that refuses its first event, so the whole call path is the one
-in production, up to the door.
+(FAILED_PRECONDITION), a log that failed is UNAVAILABLE (go to another worker). Every event
+the worker API makes (registration, run, restore, suspend, delete) is submitted through one
+method, driven here with a door that refuses it.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import anyio
 import grpc
@@ -18,9 +16,6 @@ import pytest
 
 from substrate_gpu.lifecycle import actors, events, hooks
 from substrate_gpu.service import protocol, worker_api
-from substrate_gpu.testing import node as node_
-
-from .workerclient import Actor
 
 
 class _Agent:
@@ -61,15 +56,14 @@ class _RefusingDoor:
         pytest.param("unavailable", grpc.StatusCode.UNAVAILABLE, id="log-unavailable"),
     ],
 )
-def test_a_refused_event_is_answered_by_its_kind(tmp_path: Path, kind, code) -> None:
+def test_a_refused_event_is_answered_by_its_kind(kind, code) -> None:
     """The refusal's message is the answer's, and the door counts the refusal."""
-    runsc = str(node_.install_runsc_standin(tmp_path / "bin"))
-    actor = Actor(tmp_path / "actor", runsc=runsc).prepare()
-    error = protocol.RequestError(kind, f"refused as {kind}", f"{actor.uid}.1")
+    error = protocol.RequestError(kind, f"refused as {kind}", "u.1")
     door = _RefusingDoor(error)
-    service = worker_api.WorkerService(door, runsc=runsc)  # type: ignore[arg-type]
+    service = worker_api.WorkerService(door, runsc="runsc")  # type: ignore[arg-type]
+    registered = events.ActorRegistered(actor_id="u.1", gpu=False, bundle="/b", containers=("app",))
     with pytest.raises(worker_api.CallError) as raised:
-        anyio.run(service.RunWorkload, actor.run())
+        anyio.run(service._submit, registered)
     assert (raised.value.code, raised.value.message) == (code, f"refused as {kind}")
-    assert [type(e) for e in door.submitted] == [events.ActorRegistered]
+    assert door.submitted == [registered]
     assert door.rejected == [error]
