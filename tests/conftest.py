@@ -3,6 +3,9 @@
 Tests that need root (mknod, mounts) or a real runc skip on a developer machine without
 them, but **fail** when ``SUBSTRATE_GPU_REQUIRE_REAL=1`` (set by ``.ci/run``), so CI can
 never go green by skipping the end-to-end tests (the rule lives in ``support/real.py``).
+
+The run fails when its tests leave a process, a runc/runsc container or a mount behind
+(``support/leaks.py``, registered here as a plugin: each xdist worker checks its own).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from pathlib import Path
 import pytest
 from support import real_runsc as real_runsc_
 from support.real import missing
+
+pytest_plugins = ("support.leaks",)
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,11 @@ import importlib
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from support import real_runsc as real_runsc_
 
 BENCH = Path(__file__).resolve().parent / "bench"
 REPO = BENCH.parents[1]
@@ -111,3 +113,32 @@ def test_bench_runsc_judges_both_overhead_bounds(
     bench_runsc.report(agent, direct, targets)  # type: ignore[attr-defined]
     assert targets.missed == missed
     assert targets.exit_status() == (1 if missed else 0)
+
+
+@pytest.mark.runc
+def test_bench_worker_api_cleans_the_direct_arm_after_a_failing_round(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, real_runsc: Path
+) -> None:
+    """A direct round that raises after its sandbox runs (here: its checkpoint fails) still
+    leaves no sandbox, no netns mount and no temp directory behind; the error is the
+    round's."""
+    bench = _bench_module("bench_worker_api", monkeypatch)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    real_command = bench._runsc  # type: ignore[attr-defined]
+
+    def failing_checkpoint(runsc: Path, root: Path, *args: str, check: bool = True) -> None:
+        if args[0] == "checkpoint":
+            raise RuntimeError("planted: checkpoint failed")
+        real_command(runsc, root, *args, check=check)
+
+    monkeypatch.setattr(bench, "_runsc", failing_checkpoint)
+    monkeypatch.setattr(bench, "grpc_round", lambda *args: [0.0, 0.0, 0.0])
+    try:
+        with pytest.raises(RuntimeError, match="planted: checkpoint failed"):
+            bench.main_run(1, smoke=True)  # type: ignore[attr-defined]
+        mounts = Path("/proc/self/mountinfo").read_text()
+        assert f" {tmp_path}/" not in mounts
+        assert list(tmp_path.iterdir()) == []  # the bench's temp directory went too
+    finally:
+        for root in tmp_path.glob("bench-worker-api-*/direct-root/*"):
+            real_runsc_.delete_all(real_runsc, root)

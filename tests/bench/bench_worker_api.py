@@ -147,6 +147,32 @@ def grpc_round(worker: Any, base: Path, i: int, runsc: Path) -> list[float]:
     return [t1 - t0, t2 - t1, t3 - t2b]
 
 
+def stop(agent: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the agent and wait for it (SIGKILL after a minute)."""
+    agent.send_signal(signal.SIGTERM)
+    try:
+        agent.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        agent.wait()
+
+
+def clean_up(runsc: Path, base: Path) -> None:
+    """Delete every sandbox either arm made under ``base`` and unmount their netns mounts,
+    whatever state a failed round left them in: the agent's actors (a root each) and the
+    direct arm's rounds (a round that raised never reached its own clean-up). A root that
+    cannot be cleaned is reported and the others still are (this runs in a ``finally``: an
+    error here would hide the one that brought it here)."""
+    roots = [*sorted((base / "agent-root").glob("*")), *sorted((base / "direct-root").glob("*"))]
+    for root in roots:
+        if not root.is_dir():
+            continue
+        try:
+            real_runsc.delete_all(runsc, root)
+        except (OSError, subprocess.SubprocessError) as e:
+            print(f"cleaning up {root} failed: {e}", file=sys.stderr)
+
+
 #: Per call: the event that starts its effects and the outcome that ends them (activation).
 _SPANS = (
     ((1, "run_requested"), (1, "sandbox_started")),
@@ -227,12 +253,11 @@ def main_run(rounds: int, smoke: bool) -> int:
             print((base / "agent.stderr").read_text()[-4000:], file=sys.stderr)
             raise
         finally:
-            agent.send_signal(signal.SIGTERM)
-            agent.wait(timeout=60)
-            stderr.close()
-            # Each actor has its own runsc root (and --network=none's netns mount in it).
-            for actor_root in (base / "agent-root").glob("*"):
-                real_runsc.delete_all(runsc, actor_root)
+            try:
+                stop(agent)
+            finally:
+                stderr.close()
+                clean_up(runsc, base)
         effects = effect_times(base / "events.jsonl", len(grpc_times))
     print(f"worker API benchmark: {runsc} ({real_runsc.pinned_version()}), {rounds} round(s),")
     print("_pause + one app CPU sandbox (busybox), --platform=systrap --network=none;")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.cdi_samples import INVALID_SAMPLES, VALID_SAMPLES
 from support.typeddicts import problems
 
 from substrate_gpu import exceptions
@@ -84,27 +85,17 @@ def test_fields_of_refuses_a_plain_class():
         bodies.fields_of(dict)
 
 
-def _real_specs() -> list[Path]:
-    folders = ("real-world", "nvidia-toolkit-tests", "derived", "cdi-repo")
-    return sorted(
-        p
-        for folder in folders
-        for p in (DATA / folder).rglob("*")
-        if p.suffix in (".json", ".yaml", ".yml")
-        and "schema" not in p.name
-        and p.name != "_index.json"
-    )
+@pytest.mark.parametrize("relative", [pytest.param(r, id=r) for r in VALID_SAMPLES])
+def test_every_valid_real_spec_conforms_to_spec_body(relative, sample_text):
+    """Every real spec that is valid (support/cdi_samples.py, by name) parses, and has the
+    types the bodies declare, field by field: a parser that refused one fails here."""
+    text = sample_text(relative)
+    parse_spec(text, source=relative)
+    assert problems(yaml.safe_load(text), bodies.SpecBody) == []
 
 
-def test_every_valid_real_spec_conforms_to_spec_body(sample_text):
-    """Every real spec the parser accepts has the types the bodies declare, field by field."""
-    checked = 0
-    for path in _real_specs():
-        text = sample_text(str(path.relative_to(DATA)))
-        try:
-            parse_spec(text, source=str(path))
-        except exceptions.CdiSpecError:
-            continue  # an invalid sample: kept for the parser's refusal tests
-        assert problems(yaml.safe_load(text), bodies.SpecBody) == [], path
-        checked += 1
-    assert checked >= 20
+@pytest.mark.parametrize("relative", [pytest.param(r, id=r) for r in sorted(INVALID_SAMPLES)])
+def test_every_invalid_real_spec_is_refused(relative, sample_text):
+    """The samples kept as invalid are refused (their precise errors: test_cdi_invalid.py)."""
+    with pytest.raises(exceptions.CdiSpecError):
+        parse_spec(sample_text(relative), source=relative)

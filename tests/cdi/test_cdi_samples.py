@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.cdi_samples import INVALID_SAMPLES, VALID_SAMPLES
 
 from substrate_gpu import cdi
 from substrate_gpu.exceptions import MigDeviceRefused
@@ -23,25 +24,6 @@ ABOVE_MINIMUM = {
     "real-world/docker-docs__g4dn-xlarge__drv-570.133.20__ctk-1.17.x.yaml",
     "cdi-repo/README-example__vendor.json",
     "cdi-repo/schema-HEAD/schema_testdata_good_spec-example.json",
-}
-
-VALID_SAMPLES = [
-    *sorted(str(p.relative_to(DATA)) for p in (DATA / "nvidia-toolkit-tests").glob("*.yaml")),
-    *sorted(str(p.relative_to(DATA)) for p in (DATA / "real-world").rglob("*.yaml")),
-    *sorted(str(p.relative_to(DATA)) for p in (DATA / "real-world").rglob("*.json")),
-    *sorted(str(p.relative_to(DATA)) for p in (DATA / "derived").glob("*")),
-    "project-oak/cdi.json",
-    "cdi-repo/README-example__vendor.json",
-    "cdi-repo/schema-HEAD/schema_testdata_good_minimal.json",
-    "cdi-repo/schema-HEAD/schema_testdata_good_spec-example.json",
-]
-
-
-# Samples that are not valid specs, each tested for its precise error in test_cdi_invalid.py.
-INVALID_SAMPLES = {
-    "cdi-repo/README-example__vendor-annotations.json",
-    "cdi-repo/schema-HEAD/schema_testdata_bad_empty.json",
-    "cdi-repo/schema-HEAD/schema_testdata_bad_explicit-empty.json",
 }
 
 

@@ -229,6 +229,31 @@ async def test_a_torn_line_above_the_mark_was_never_acknowledged(log_path: Path)
     assert "before it was acknowledged" in warning["tail"]
 
 
+async def test_the_mark_is_fdatasynced_after_the_log_before_record_returns(
+    log_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each batch: the log's line is synced, then the mark (holding the batch's seq) is
+    synced, and only then does record return: a mark written but not synced could be lost
+    with the power while its seq was acknowledged."""
+    mark = log_path.parent / "events.jsonl.seq"
+    synced: list[tuple[str, bytes]] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        real(fd)
+        name = Path(os.readlink(f"/proc/self/fd/{fd}")).name
+        synced.append((name, mark.read_bytes() if name == mark.name else b""))
+
+    async with await EventLog.open(log_path) as log:
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        for event in _registrations(2):
+            await log.record(event)
+            assert synced[-2:] == [
+                ("events.jsonl", b""),
+                (mark.name, f"{event.seq:020d}\n".encode()),
+            ], synced
+
+
 async def test_a_damaged_seq_mark_is_a_clear_error(log_path: Path) -> None:
     """A mark that is not one stops the open, naming the file and what to do."""
     async with await EventLog.open(log_path) as log:

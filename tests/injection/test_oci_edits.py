@@ -278,6 +278,39 @@ def test_already_injected_refuses_a_bundle_holding_more_gpus():
         oci.already_injected(config, plan(), where="x/config.json")
 
 
+def _gpu(index: int) -> ResolvedDevice:
+    path = f"/dev/nvidia{index}"
+    return ResolvedDevice(path, path, "c", 195, index, "rwm", 0o666)
+
+
+@pytest.mark.parametrize(
+    ("held", "granted", "foreign"),
+    [
+        # Every GPU index is a GPU: none may be skipped (1 once was, by a hand mutation).
+        *(
+            pytest.param((0, index), (0,), [f"/dev/nvidia{index}"], id=f"0+{index}-for-0")
+            for index in (1, 2, 3, 9, 10, 11, 15)
+        ),
+        pytest.param((0,), (1,), ["/dev/nvidia0"], id="0-for-1"),
+        pytest.param((1,), (0,), ["/dev/nvidia1"], id="1-for-0"),
+        pytest.param(
+            (0, 1, 2, 3), (2,), ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia3"], id="4-for-2"
+        ),
+        pytest.param((1, 3), (1, 3), [], id="the-same"),
+        pytest.param((1,), (1, 3), [], id="fewer"),
+    ],
+)
+def test_every_gpu_node_not_granted_is_foreign(held, granted, foreign):
+    """The GPU nodes a bundle holds that the plan does not grant, whatever their index;
+    nvidiactl (shared by every GPU) never counts."""
+    devices = [NVIDIACTL, *(_gpu(i) for i in held)]
+    edits = model.ContainerEdits(device_nodes=tuple(model.DeviceNode(d.path) for d in devices))
+    config = oci.apply_plan(base_config(), plan(edits, tuple(devices)))
+    wanted = [NVIDIACTL, *(_gpu(i) for i in granted)]
+    edits = model.ContainerEdits(device_nodes=tuple(model.DeviceNode(d.path) for d in wanted))
+    assert oci.foreign_gpu_nodes(config, plan(edits, tuple(wanted))) == foreign
+
+
 def test_additional_gids_are_added_once():
     """additionalGids from the spec reach process.user without duplicates."""
     edits = model.ContainerEdits(device_nodes=EDITS.device_nodes, additional_gids=(39, 44))

@@ -129,8 +129,11 @@ async def test_a_gpu_sandbox_restores_with_nvproxy_on_every_restore_and_reinject
         injector.calls.clear()
         await agent.submit(events.RestoreRequested(actor_id="s"))
         await agent.wait_for_state("s", "running", timeout=5)
-    restores = [c for c in _sandbox_calls(runtime) if c[0] == "restore"]
-    assert restores == [("restore", "--nvproxy", n) for n in ("_pause", *APPS)]
+    # The creates inside the restore too: an app created without --nvproxy joins a sandbox
+    # whose sentry then cannot serve its GPU.
+    assert _sandbox_calls(runtime) == [
+        (verb, "--nvproxy", name) for name in ("_pause", *APPS) for verb in ("create", "restore")
+    ]
     assert injector.calls == [bundle / "app", bundle / "side"]
 
 

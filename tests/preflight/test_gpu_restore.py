@@ -90,6 +90,9 @@ def test_fewer_restore_gpus_than_checkpointed_pair_nothing() -> None:
     [
         pytest.param(preflight.ROUTE_EXEC, "580.65.06", None, id="exec-580"),
         pytest.param(preflight.ROUTE_EXEC, "570.133.20", "driver 580 or newer", id="exec-570"),
+        # The bound itself, both sides: 580 is the first driver with --device-map.
+        pytest.param(preflight.ROUTE_EXEC, "579.99.99", "driver 580 or newer", id="exec-579"),
+        pytest.param(preflight.ROUTE_EXEC, "580.0", None, id="exec-580.0"),
         pytest.param(preflight.ROUTE_RUNSC, "580.65.06", "without a device map", id="runsc"),
         pytest.param("", "550.90.07", None, id="no-cuda-state"),
     ],

@@ -3,7 +3,9 @@ gRPC client built from our stubs against the real agent process (runsc: the stan
 
 The whole life on real runsc is tests/runsc/test_real_worker_api.py; these pin the contract
 that needs no sandbox to run (every refusal), and the ones a stand-in can stage (a runsc that
-hangs: stats answer at once, SIGTERM drains with UNAVAILABLE).
+hangs: stats answer at once, SIGTERM drains with UNAVAILABLE; a second Run refused, a refused
+checkpoint that is no failure, a checkpoint that tears the workload down: caught here too,
+not only on real runsc). A test that runs a sandbox terminates it: sandboxes outlive the agent.
 """
 
 from __future__ import annotations
@@ -169,12 +171,18 @@ def test_a_bad_cdi_annotation_is_refused_naming_the_file(worker, tmp_path, stand
 
 def test_the_same_runsc_binary_elsewhere_is_honoured(worker, actor, standin, tmp_path):
     """A runsc_path with our binary's bytes (atelet stages runsc content-addressed) passes
-    the check: the call goes on to the machine (here the stand-in's create fails later)."""
+    the check: the call goes on to the machine, and the sandbox runs (then terminated: a
+    sandbox outlives the agent, so one left running here outlives the test)."""
     copy = tmp_path / "static-files" / "runsc-abc"
     copy.parent.mkdir()
     copy.write_bytes(standin.read_bytes())
-    _, message = status_of(worker.RunWorkload, actor.run(runsc_path=str(copy)))
-    assert "runsc_path" not in message, message
+    try:
+        assert status_of(worker.RunWorkload, actor.run(runsc_path=str(copy))) == (
+            grpc.StatusCode.OK,
+            "",
+        )
+    finally:
+        assert status_of(worker.TerminateWorkload, actor.terminate()) == (grpc.StatusCode.OK, "")
 
 
 @pytest.mark.parametrize(
@@ -394,3 +402,120 @@ def test_terminate_deletes_app_containers_first_and_pause_last(tmp_path, standin
         assert len(argv_log.read_text().splitlines()) == before
     finally:
         process.terminate()
+
+
+def test_terminate_deletes_every_live_activation_of_the_uid(worker, agent, standin, tmp_path):
+    """Two live activations of one UID (a running sandbox, and an actor the JSON door
+    registered with the UID's identity): Terminate deletes both, not only the newest."""
+    actor = Actor(tmp_path / "twice", runsc=str(standin), uid="twice").prepare()
+    assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
+    by_hand = {
+        "type": "actor_registered",
+        "v": 3,
+        "actor_id": "twice-by-hand",
+        "gpu": False,
+        "bundle": str(tmp_path / "by-hand"),
+        "identity": {k: v for k, v in actor.identity().items() if k != "runsc_path"},
+    }
+    with agent.client() as client:
+        assert client.request(by_hand)["ok"] is True, by_hand
+    assert status_of(worker.TerminateWorkload, actor.terminate()) == (grpc.StatusCode.OK, "")
+    with agent.client() as client:
+        listed = client.request({"query": "actors"})["actors"]
+    states = {a["actor_id"]: a["state"] for a in listed if a["actor_id"].startswith("twice")}
+    assert states == {"twice.1": "deleted", "twice-by-hand": "deleted"}
+
+
+def _containers(runc_path: str, actor_root: Path) -> list[str]:
+    """The containers the stand-in's runc holds under an actor's root, sorted."""
+    import subprocess
+
+    if not actor_root.exists():
+        return []
+    listed = subprocess.run(
+        [runc_path, "--root", str(actor_root), "list", "-q"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return sorted(listed.stdout.split())
+
+
+def _running(worker, uid: str) -> bool:
+    return status_of(worker.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid=uid))[0] == (
+        grpc.StatusCode.OK
+    )
+
+
+def test_a_second_run_of_a_running_uid_is_refused(worker, agent, standin, runc_path, tmp_path):
+    """FAILED_PRECONDITION naming the running activation; the first goes on, untouched (its
+    containers, its state), and no second activation is registered."""
+    actor = Actor(tmp_path / "second", runsc=str(standin), uid="second").prepare()
+    actor_root = tmp_path / "runsc-root" / "second.1"
+    try:
+        assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
+        code, message = status_of(worker.RunWorkload, actor.run())
+        assert code == PRECONDITION, message
+        assert "already executes 'second' (actor 'second.1', 'running')" in message
+        assert _containers(runc_path, actor_root) == ["_pause", "app"]
+        with agent.client() as client:
+            listed = client.request({"query": "actors"})["actors"]
+        assert [
+            (a["actor_id"], a["state"]) for a in listed if a["actor_id"].startswith("second")
+        ] == [("second.1", "running")]
+    finally:
+        assert status_of(worker.TerminateWorkload, actor.terminate()) == (grpc.StatusCode.OK, "")
+
+
+def test_a_refused_checkpoint_is_not_a_failure(worker, agent, standin, runc_path, tmp_path):
+    """A live CUDA context the actor has no route to suspend: FAILED_PRECONDITION with the
+    machine's reason (not INTERNAL), and the workload is neither torn down nor marked
+    failed: it runs on, and a later Terminate deletes it."""
+    actor = Actor(tmp_path / "refused", runsc=str(standin), uid="standin-refused").prepare()
+    actor_root = tmp_path / "runsc-root" / "standin-refused.1"
+    try:
+        assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
+        with agent.client() as client:  # the node agent saw a context open (the other door)
+            opened = {
+                "type": "cuda_context_opened",
+                "v": 1,
+                "actor_id": "standin-refused.1",
+                "pid": 7,
+            }
+            assert client.request(opened)["ok"]
+        code, message = status_of(worker.CheckpointWorkload, actor.checkpoint_request())
+        assert code == PRECONDITION, message
+        assert (
+            "checkpoint of actor 'standin-refused.1' refused" in message
+            and "CUDA context" in message
+        )
+        assert _containers(runc_path, actor_root) == ["_pause", "app"]
+        assert _running(worker, "standin-refused")
+        with agent.client() as client:
+            state = client.request({"query": "actor", "actor_id": "standin-refused.1"})["actor"][
+                "state"
+            ]
+        assert state == "running"
+    finally:
+        assert status_of(worker.TerminateWorkload, actor.terminate()) == (grpc.StatusCode.OK, "")
+    assert _containers(runc_path, actor_root) == []
+
+
+def test_a_checkpoint_tears_the_workload_down(worker, agent, standin, runc_path, tmp_path):
+    """FULL checkpoint: the files written are answered, then the sandbox is deleted (no
+    container left, the UID no longer executing here, the activation deleted)."""
+    actor = Actor(tmp_path / "ckpt", runsc=str(standin), uid="ckpt").prepare()
+    actor_root = tmp_path / "runsc-root" / "ckpt.1"
+    try:
+        assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
+        assert _containers(runc_path, actor_root) == ["_pause", "app"]
+        reply = worker.CheckpointWorkload(actor.checkpoint_request(), timeout=120)
+        written = sorted(p.name for p in actor.checkpoint.iterdir() if p.is_file())
+        assert list(reply.snapshot_files) == written and "checkpoint.img" in written
+        assert _containers(runc_path, actor_root) == []
+        assert not _running(worker, "ckpt")
+        with agent.client() as client:
+            state = client.request({"query": "actor", "actor_id": "ckpt.1"})["actor"]["state"]
+        assert state == "deleted"
+    finally:
+        assert status_of(worker.TerminateWorkload, actor.terminate()) == (grpc.StatusCode.OK, "")

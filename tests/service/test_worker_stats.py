@@ -176,3 +176,15 @@ def test_an_actor_of_the_uid_named_otherwise_is_still_found(tmp_path):
     )
     reply = anyio.run(service.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid="u"))
     assert reply.sample.actor_uid == "u"
+
+
+@pytest.mark.parametrize("state", ["registered", "bundle_prepared"])
+def test_an_activation_not_yet_created_is_not_measured_from_a_cgroup_there(tmp_path, state):
+    """Before its sandbox is created, the cgroup at the activation's path is not its own (a
+    previous activation's, one of the same name): the sample says "not measured"."""
+    service = _service(tmp_path, _view(tmp_path, state), _v2(tmp_path / "cg"))
+    reply = anyio.run(service.GetActiveWorkloadStats, pb.GetActiveWorkloadStatsRequest())
+    [sample] = reply.samples
+    assert sample.source == pb.STATS_SOURCE_UNSPECIFIED
+    assert (sample.memory_current_bytes, sample.cpu_usage_usec) == (0, 0)
+    assert sample.actor_uid == "u"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,10 @@ class Actor:
     """One upstream actor: its identity and the directories atelet would prepare."""
 
     root: Path
-    uid: str = "0b6f3c2e-5a51-4f7e-9d1c-2f0e9e7c1a11"
+    uid: str = field(default_factory=lambda: str(uuid.uuid4()))
+    """Unique unless given: the sandbox's cgroup is named after it (``/substrate-gpu/<uid>.1``),
+    and two tests running at once (xdist workers, or another run on the machine) must never
+    share one (a checkpoint freezing one sandbox's cgroup failed the other's create)."""
     apps: tuple[str, ...] = ("app",)
     app_args: list[str] = field(default_factory=lambda: list(COUNTER_ARGS))
     annotations: dict[str, str] | None = None

@@ -68,12 +68,15 @@ def list_ids(runsc: Path, root: Path) -> list[str]:
 def delete_all(runsc: Path, root: Path) -> None:
     """Force-delete every container under ``root``, then unmount the network namespace
     runsc keeps mounted at ``<root>/null-netns`` for ``--network=none`` (fixture teardown)."""
-    for container_id in list_ids(runsc, root):
-        run(runsc, root, "delete", "--force", container_id, check=False)
-    netns = root / "null-netns"
-    # One mount per sandbox that ran under this root, stacked: a single umount left the
-    # rest behind, and pytest's clean-up of old temp dirs later died on the busy file.
-    for _ in range(64):
-        if not os.path.ismount(netns):
-            break
-        subprocess.run(["umount", "-l", str(netns)], capture_output=True, check=False)
+    try:
+        for container_id in list_ids(runsc, root):
+            run(runsc, root, "delete", "--force", container_id, check=False)
+    finally:
+        # Even when listing failed. One mount per sandbox that ran under this root, stacked:
+        # a single umount left the rest behind, and pytest's clean-up of old temp dirs later
+        # died on the busy file.
+        netns = root / "null-netns"
+        for _ in range(64):
+            if not os.path.ismount(netns):
+                break
+            subprocess.run(["umount", "-l", str(netns)], capture_output=True, check=False)
