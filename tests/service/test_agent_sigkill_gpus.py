@@ -227,3 +227,58 @@ def test_a_gpu_stays_in_one_live_sandbox_whatever_step_the_agent_dies_in(
     logged = [(e.actor_id, e.type) for e in read_log(second.log).events]
     assert ("s2", "gpus_allocated") in logged
     assert "killed runsc commands" not in second.stderr()  # they died with the agent
+
+
+def _single_actor(client: Client, tmp: Path, actor_id: str) -> Path:
+    """One container asking for one GPU (the lowest free)."""
+    bundle = bundles.make_bundle(tmp / "bundles" / actor_id, ["sh", "-c", "sleep 100000"])
+    for request in (
+        event("actor_registered", actor_id, v=3, gpu=True, gpus=1, bundle=str(bundle)),
+        event("bundle_prepared", actor_id, bundle=str(bundle)),
+        event("run_requested", actor_id),
+    ):
+        answer = client.request(request)
+        assert answer["ok"], answer
+    return bundle
+
+
+def test_a_forged_log_does_not_hand_out_the_gpu_a_live_sandbox_really_has(
+    world: World, tmp_path: Path
+) -> None:
+    """a runs on GPU 0 and b on GPU 1; the log is then edited so both hold GPU 0. The
+    restarted agent reads b's bundle and runsc: GPU 1 stays b's (a new actor gets GPU 2),
+    and the mismatch is warned about, naming b and both allocations (issue 30 §5)."""
+    first = world.start()
+    with first.client() as client:
+        a = _single_actor(client, tmp_path, "a")
+        b = _single_actor(client, tmp_path, "b")
+        _wait_for(client, "a", {"running"})
+        _wait_for(client, "b", {"running"})
+    assert first.terminate() == 0  # the sandboxes run on
+    assert (_gpus_in(a / "config.json"), _gpus_in(b / "config.json")) == ([0], [1])
+    lines = first.log.read_text().splitlines(keepends=True)
+    forged = [
+        line.replace('"nvidia.com/gpu=1"', f'"{GPU0}"')
+        if '"gpus_allocated"' in line and '"actor_id":"b"' in line
+        else line
+        for line in lines
+    ]
+    assert forged != lines
+    first.log.write_text("".join(forged))
+    assert replay(first.log).actors["b"].gpu_devices == GPU0
+
+    second = world.start()
+    with second.client() as client:
+        c = _single_actor(client, tmp_path, "c")
+        _wait_for(client, "c", {"running"})
+        _wait_for(client, "b", {"running"})
+    assert second.terminate() == 0
+    assert _gpus_in(c / "config.json") == [2]
+    (warning,) = [
+        json.loads(line) for line in second.stderr().splitlines() if "injected in a live" in line
+    ]
+    assert (warning["actor_id"], warning["logged"], warning["injected"]) == (
+        "b",
+        [GPU0],
+        ["nvidia.com/gpu=1"],
+    )
