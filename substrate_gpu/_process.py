@@ -72,10 +72,12 @@ def setpriv() -> str | None:
     return shutil.which("setpriv")
 
 
-def _executable(name: str) -> bool:
-    """``name`` (a path, or a name looked up on PATH) can be executed."""
+def _executable(name: str, cwd: str | os.PathLike[str] | None) -> bool:
+    """``name`` (a path, relative to ``cwd`` when given, or a name looked up on PATH) can be
+    executed."""
     if os.sep in name:
-        return Path(name).is_file() and os.access(name, os.X_OK)
+        path = Path(cwd, name) if cwd is not None else Path(name)
+        return path.is_file() and os.access(path, os.X_OK)
     return shutil.which(name) is not None
 
 
@@ -120,7 +122,7 @@ async def run_command(
     spawned: tuple[str, ...] = args
     wrapper = setpriv() if die_with_parent else None
     if wrapper is not None:
-        if not _executable(args[0]):
+        if not _executable(args[0], cwd):
             # What the exec would have said, not setpriv's exit status 127.
             raise exceptions.ExternalCommandError(
                 f"while {what}: cannot start {args[0]}: No such file or directory "

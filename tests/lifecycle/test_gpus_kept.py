@@ -14,8 +14,10 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
-from lifecycle.doubles import FakeRuntime
-from substrate_gpu.lifecycle import Agent, actors, events, machine
+from lifecycle.doubles import FakeInjector, FakeRuntime
+from substrate_gpu.eventlog import EventLog, recover
+from substrate_gpu.eventlog import recovery as recovery_
+from substrate_gpu.lifecycle import Agent, actors, events, hooks, machine
 from substrate_gpu.lifecycle.agent import ResumePoint
 from substrate_gpu.lifecycle.allocation import GpuAllocator, LiveSandbox, WorkerGpus
 from substrate_gpu.observability.metrics import AgentMetrics
@@ -170,3 +172,86 @@ async def test_a_live_sandbox_of_an_actor_holding_no_gpus_is_deleted_before_they
         await agent.wait_for_state("d", "running", timeout=5)
     assert "a" not in runtime.containers
     assert allocator.table == {"d": (NAMES[3],)}
+
+
+async def test_recovery_of_a_half_started_sandbox_deletes_every_container(
+    runtime: FakeRuntime, injector: FakeInjector, tmp_path: Path
+) -> None:
+    """An agent killed mid-start (``_pause`` and ``app`` running, ``side`` only created):
+    recovery deletes the leftovers apps first, ``_pause`` last, before the actor fails; the
+    report says so (issue 30: the sandbox used to be left running)."""
+    from lifecycle.doubles import FakeProbe, _Container
+
+    bundle = tmp_path / "bundles" / "s"
+    for name in ("_pause", "app", "side"):
+        (bundle / name).mkdir(parents=True)
+        (bundle / name / "config.json").write_text('{"ociVersion": "1.0.2"}')
+    log_path = tmp_path / "events.jsonl"
+
+    class HangStarts:
+        """Once the sandbox is created (``_pause`` started), every ``start`` hangs."""
+
+        def on_transition(self, transition: hooks.Transition) -> None:
+            if transition.dest == "starting":
+                runtime.hang.add("start")
+
+    async with (
+        await EventLog.open(log_path) as log,
+        Agent(
+            runtime=runtime,
+            probe=FakeProbe(runtime),
+            injector=injector,
+            checkpoint_root=tmp_path / "ck",
+            recorder=log,
+            observers=[HangStarts()],
+        ) as agent,
+    ):
+        await agent.submit(
+            events.ActorRegistered(
+                actor_id="s", gpu=False, bundle=str(bundle), containers=("app", "side")
+            )
+        )
+        await agent.submit(events.BundlePrepared(actor_id="s", bundle=str(bundle)))
+        await agent.submit(events.RunRequested(actor_id="s"))
+        await agent.wait_for_state("s", "starting", timeout=5)
+    runtime.hang.clear()
+    rooted = runtime.for_actor("s")
+    rooted.containers = {
+        name: _Container(status, 7, f"/b/{name}", False)  # type: ignore[arg-type]
+        for name, status in {"_pause": "running", "app": "running", "side": "created"}.items()
+    }
+    runtime.calls.clear()
+    recovery = await recover(log_path, runtime=runtime, checkpoint_root=tmp_path / "ck")
+    assert [e.type for e in recovery.reconcile_events] == ["effect_failed"]
+    assert rooted.containers == {}
+    deletes = [c[-1] for c in runtime.calls if c[0] == "delete"]
+    assert deletes[:3] == ["side", "app", "_pause"]
+    assert "leftover container deleted" in recovery.report[0].describe()
+
+
+@pytest.mark.parametrize(
+    ("config", "found"),
+    [
+        pytest.param(
+            {"linux": {"devices": [{"path": "/dev/nvidiactl"}, {"path": "/dev/nvidia1"}]}},
+            ("/dev/nvidia1",),
+            id="device-nodes",
+        ),
+        pytest.param(
+            {"annotations": {"cdi.k8s.io/x": "nvidia.com/gpu=0, nvidia.com/gpu=2", "o": "y=1"}},
+            ("nvidia.com/gpu=0", "nvidia.com/gpu=2"),
+            id="cdi-annotations",
+        ),
+        pytest.param({"linux": {"devices": "nope"}, "annotations": []}, (), id="malformed"),
+        pytest.param({"linux": {"devices": [{"path": "/dev/nvidia-caps/nvidia-cap1"}]}}, (), id="caps"),
+    ],
+)  # fmt: skip
+def test_the_gpus_a_config_injects_are_read_from_nodes_and_cdi_annotations(
+    config: dict[str, object], found: tuple[str, ...]
+) -> None:
+    assert recovery_.injected_gpus(config) == found
+
+
+def test_a_worker_identifies_gpus_by_node_and_by_name() -> None:
+    gpus, unknown = FOUR.identify(("/dev/nvidia2", NAMES[0], "/dev/nvidia9", "nvidia.com/gpu=2"))
+    assert (gpus, unknown) == ((NAMES[0], NAMES[2]), ("/dev/nvidia9",))
