@@ -12,17 +12,32 @@ Design decisions, each guarding a failure mode seen in production:
   sandbox exits.
 - A successful command's process group is left alone: sandboxes started by ``create``
   must keep running.
+- **A command can die with the agent** (``die_with_parent``, used for every runsc
+  command): it runs under ``setpriv --pdeathsig KILL`` (util-linux), which sets
+  ``PR_SET_PDEATHSIG`` and execs the tool, so a SIGKILL of the agent kills its in-flight
+  ``runsc start``/``create``/``restore`` instead of letting it land after a restarted agent
+  decided what the runtime holds (issue 30). Only the command itself: what it forks (a
+  sandbox, its gofer) is unaffected, as it must be. ``setpriv`` rather than a
+  ``preexec_fn``: Python code between fork and exec can deadlock in a process with threads
+  (the agent has them), and the pdeathsig survives the exec of a non-setuid binary. Without
+  ``setpriv`` on PATH the command runs plainly (recovery still finds and kills a killed
+  agent's stragglers: :meth:`substrate_gpu.runsc.driver.RunscDriver.reap_stragglers`).
+  The parent is the *thread* that forked: commands are started from the event loop's
+  thread, which lives as long as the agent.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 import anyio
@@ -45,6 +60,25 @@ class CommandResult:
     """Everything the command wrote to stdout, decoded as UTF-8 with replacement."""
     stderr: str
     """Everything the command wrote to stderr, decoded as UTF-8 with replacement."""
+
+
+#: ``setpriv`` arguments that make the command it execs get SIGKILL when its parent dies.
+PDEATHSIG_ARGS = ("--pdeathsig", "KILL", "--")
+
+
+@functools.cache
+def setpriv() -> str | None:
+    """The ``setpriv`` executable (util-linux), or None when this host has none."""
+    return shutil.which("setpriv")
+
+
+def _executable(name: str, cwd: str | os.PathLike[str] | None) -> bool:
+    """``name`` (a path, relative to ``cwd`` when given, or a name looked up on PATH) can be
+    executed."""
+    if os.sep in name:
+        path = Path(cwd, name) if cwd is not None else Path(name)
+        return path.is_file() and os.access(path, os.X_OK)
+    return shutil.which(name) is not None
 
 
 def _read_all(stream: IO[bytes]) -> str:
@@ -72,6 +106,7 @@ async def run_command(
     cwd: str | os.PathLike[str] | None = None,
     check: bool = True,
     umask: int = -1,
+    die_with_parent: bool = False,
 ) -> CommandResult:
     """Run ``argv`` to completion within ``timeout`` seconds.
 
@@ -80,16 +115,30 @@ async def run_command(
     command cannot be started, times out (its whole process group is killed), or, with
     ``check``, exits non-zero. Cancellation of the caller kills the process group too.
     ``umask`` (when not negative) is the command's own, set in the child before it runs:
-    this process's umask is untouched.
+    this process's umask is untouched. ``die_with_parent``: the command is sent SIGKILL when
+    this process dies (module doc); ``CommandResult.argv`` is still ``argv``.
     """
     args = tuple(str(a) for a in argv)
+    spawned: tuple[str, ...] = args
+    wrapper = setpriv() if die_with_parent else None
+    if wrapper is not None:
+        if not _executable(args[0], cwd):
+            # What the exec would have said, not setpriv's exit status 127.
+            raise exceptions.ExternalCommandError(
+                f"while {what}: cannot start {args[0]}: No such file or directory "
+                "(or not executable)",
+                argv=args,
+                returncode=None,
+                stderr="",
+            )
+        spawned = (wrapper, *PDEATHSIG_ARGS, *args)
     with (
         tempfile.TemporaryFile(prefix="substrate-gpu-out-") as out,
         tempfile.TemporaryFile(prefix="substrate-gpu-err-") as err,
     ):
         try:
             process = await anyio.open_process(
-                list(args),
+                list(spawned),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,

@@ -19,7 +19,7 @@ creating        missing                                ``effect_failed`` (create
 creating        creating, running, paused, stopped     delete it, ``effect_failed`` (create)
 starting        running, paused                        ``sandbox_started``
 starting        created                                rerun ``start`` (it provably had no effect)
-starting        missing, creating, stopped             ``effect_failed`` (start)
+starting        missing, creating, stopped             delete leftover, ``effect_failed`` (start)
 checkpointing   running, paused                        ``checkpoint_failed``, sandbox survived
 checkpointing   gone (stopped, missing), image whole   delete leftover, ``checkpoint_written``
 checkpointing   gone, no whole image                   ``checkpoint_failed``, sandbox lost
@@ -29,7 +29,7 @@ restoring       missing, creating, created, stopped    delete leftover, ``restor
 deleting        missing                                ``deleted``
 deleting        exists                                 rerun ``delete`` (``--force``, idempotent)
 cuda_resuming   running, paused                        rerun ``cuda_resume`` (idempotent)
-cuda_resuming   gone                                   ``cuda_resume_failed``, sandbox lost
+cuda_resuming   gone                                   delete leftover, ``cuda_resume_failed``
 cuda_suspending (not asked)                            ``effect_timed_out`` (which processes
                                                        were locked is not logged: failed,
                                                        a retry replaces the sandbox)
@@ -46,6 +46,20 @@ containers' common status while ``_pause`` runs (``created`` after a whole creat
 ``running`` after a whole start or restore), and ``creating`` for a part-made sandbox,
 which every rule reads as "did not complete": its leftovers are deleted, apps first.
 
+**Before anything is asked**, every runsc command the killed agent left running under its
+root is killed and waited for (:meth:`~substrate_gpu.runsc.driver.RunscDriver.reap_stragglers`;
+they die with the agent anyway, ``PR_SET_PDEATHSIG``): a ``runsc start side`` landing after
+the decision would start a container of a sandbox just deleted as part-made, beside GPUs
+just handed to another actor (issue 30).
+
+**GPUs follow what runs** (issue 30). After the decisions, every GPU actor whose sandbox
+may exist (in flight, or its record says so) is asked again; the GPUs injected in a sandbox
+with a live container (its bundles' ``/dev/nvidiaN`` nodes and ``cdi.k8s.io/*``
+annotations) go to the agent as :class:`~substrate_gpu.lifecycle.allocation.LiveSandbox`
+records: held whatever the log says, every difference from the log warned about and
+counted, until that sandbox is gone (the agent deletes one left by an actor that no longer
+holds GPUs before freeing them).
+
 Why a live sandbox in ``checkpointing`` means "failed, survived" even when an image exists:
 a ``runsc checkpoint`` started in its own session outlives the agent and may still be
 writing that image; the running sandbox is the actor's state, and a new suspend can be
@@ -61,15 +75,17 @@ of their in-flight states, and the others are reconciled again.
 from __future__ import annotations
 
 import contextlib
+import functools
+import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from substrate_gpu import exceptions
+from substrate_gpu import _blocking, _bundle, exceptions
 from substrate_gpu.eventlog import errors, reader, replayer, seqmark
-from substrate_gpu.lifecycle import actors, effects, events, machine, registry, sandbox
+from substrate_gpu.lifecycle import actors, allocation, effects, events, machine, registry, sandbox
 from substrate_gpu.lifecycle.agent import ResumePoint
 from substrate_gpu.runsc import api as runsc
 
@@ -138,6 +154,10 @@ class Recovery:
     """What ``Agent(resume=...)`` takes."""
     torn_tail: reader.TornTail | None = None
     """The torn last line dropped from the log, if any."""
+    live: tuple[allocation.LiveSandbox, ...] = ()
+    """GPU sandboxes found live after the reconciliation, with the GPUs injected in them."""
+    reaped: tuple[int, ...] = ()
+    """The pids of runsc commands of the killed agent that were still running (killed)."""
 
 
 def image_is_whole(image: Path) -> bool:
@@ -260,6 +280,73 @@ async def _remove_leftover_root(runtime: runsc.SandboxRuntime, view: actors.Acto
             await sandbox.delete_quietly(box)
 
 
+#: A GPU node in ``linux.devices`` (``/dev/nvidia0``; not nvidiactl, uvm, caps).
+_GPU_NODE = re.compile(r"/dev/nvidia[0-9]+")
+#: The annotation prefix CDI-aware runtimes read device requests from.
+_CDI_ANNOTATION = "cdi.k8s.io/"
+#: Statuses of a container that may be running (``unknown``: it could not be asked).
+_MAY_RUN: frozenset[Status] = frozenset({"creating", "created", "running", "paused", "unknown"})
+
+
+def injected_gpus(config: Mapping[str, object]) -> tuple[str, ...]:
+    """The GPUs a parsed config.json gives its container: the ``/dev/nvidiaN`` paths of its
+    ``linux.devices`` and the qualified names of its ``cdi.k8s.io/*`` annotations, in the
+    order found (pure; a malformed part is skipped: this is evidence, not validation)."""
+    found: list[str] = []
+    linux = config.get("linux")
+    devices = linux.get("devices") if isinstance(linux, dict) else None
+    for device in devices if isinstance(devices, list) else ():
+        path = device.get("path") if isinstance(device, dict) else None
+        if isinstance(path, str) and _GPU_NODE.fullmatch(path):
+            found.append(path)
+    annotations = config.get("annotations")
+    for key, value in annotations.items() if isinstance(annotations, dict) else ():
+        if isinstance(key, str) and key.startswith(_CDI_ANNOTATION) and isinstance(value, str):
+            found.extend(name.strip() for name in value.split(",") if name.strip())
+    return tuple(dict.fromkeys(found))
+
+
+def _read_injected(bundle: str, containers: tuple[str | None, ...]) -> tuple[str, ...]:
+    """What :func:`injected_gpus` finds in each container's bundle (blocking; confined to
+    the bundle directory; an unreadable one contributes nothing)."""
+    found: list[str] = []
+    for name in containers:
+        with contextlib.suppress(_bundle.BundleFileError):
+            config, _mode = _bundle.read_config(bundle, name)
+            found.extend(injected_gpus(config))
+    return tuple(dict.fromkeys(found))
+
+
+async def _live_sandbox(
+    runtime: runsc.SandboxRuntime, view: actors.ActorView
+) -> allocation.LiveSandbox | None:
+    """The GPU actor's sandbox as the runtime shows it, when a container of it may run."""
+    if sandbox.is_sandbox(view):
+        try:
+            found = await sandbox.statuses(sandbox.of(runtime, view))
+        except sandbox.SandboxError:
+            return None
+        bundles: tuple[str | None, ...] = view.containers
+    else:
+        status, _said = await _status(runtime, view.actor_id)
+        found = {view.actor_id: status}
+        bundles = (None,)
+    live = tuple(name for name, status in found.items() if status in _MAY_RUN)
+    if not live:
+        return None
+    injected = await _blocking.run_abandonable(
+        functools.partial(_read_injected, view.bundle, bundles), name="substrate-gpu evidence"
+    )
+    return allocation.LiveSandbox(actor_id=view.actor_id, injected=injected, containers=live)
+
+
+async def _reap(runtime: runsc.SandboxRuntime) -> tuple[int, ...]:
+    """Kill the killed agent's runsc commands (module doc) before anything is asked."""
+    if not isinstance(runtime, runsc.StragglerReaper):
+        return ()
+    return await runtime.reap_stragglers()
+
+
 async def _status(runtime: runsc.SandboxRuntime, actor_id: str) -> tuple[Status, str]:
     try:
         state = await runtime.state(actor_id)
@@ -288,6 +375,7 @@ async def recover(
     """
     spec = machine_spec or machine.load_spec()
     result = replayer.replay(path, machine_spec=spec, keep_transitions=False)
+    reaped = await _reap(runtime)
     report: list[Reconciliation] = []
     outcomes: list[events.Event] = []
     rerun: list[tuple[str, events.Event]] = []
@@ -339,6 +427,17 @@ async def recover(
     predicted.load_views(result.actors.values(), result.last_seq)
     for outcome in outcomes:
         predicted.apply(outcome)
+    # What runs now, for every GPU actor whose sandbox may exist (module doc).
+    live: list[allocation.LiveSandbox] = []
+    for actor_id in sorted(result.actors):
+        view = result.actors[actor_id]
+        if not view.gpu or view.state in spec.final_states:
+            continue
+        if view.state not in spec.effects and not view.sandbox:
+            continue
+        found = await _live_sandbox(runtime, view)
+        if found is not None:
+            live.append(found)
     return Recovery(
         path=path,
         actors=predicted.views(),
@@ -351,6 +450,9 @@ async def recover(
             last_seq=last_seq,
             outcomes=tuple(outcomes),
             rerun=tuple(rerun),
+            live=tuple(live),
         ),
         torn_tail=result.torn_tail,
+        live=tuple(live),
+        reaped=reaped,
     )

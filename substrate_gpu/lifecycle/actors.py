@@ -567,6 +567,11 @@ class Machine(Protocol):
         ...
 
     @property
+    def sandbox_leaving_states(self) -> frozenset[str]:
+        """States entered with a sandbox that may still run (its GPUs kept until gone)."""
+        ...
+
+    @property
     def effects(self) -> Mapping[str, str]:
         """State -> the effect entering it starts."""
         ...

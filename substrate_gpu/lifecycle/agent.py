@@ -63,6 +63,9 @@ class ResumePoint:
     """Outcomes of interrupted effects, established by asking the runtime (unstamped)."""
     rerun: tuple[tuple[str, events.Event], ...] = ()
     """``(actor_id, cause)``: in-flight actors whose effect is safe to run again."""
+    live: tuple[allocation.LiveSandbox, ...] = ()
+    """GPU sandboxes the runtime showed live, with the GPUs injected in them: held whatever
+    the log says, until each is gone (:mod:`substrate_gpu.lifecycle.pipeline`)."""
 
 
 class Subscription:
@@ -162,6 +165,7 @@ class Agent:
             observers=[o.on_transition for o in observers],
             queue_size=queue_size,
             concurrency=concurrency,
+            live=resume.live if resume is not None else (),
         )
         self._pipeline.add_observer(self._on_transition)
         self._subscriptions: set[Subscription] = set()

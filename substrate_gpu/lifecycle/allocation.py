@@ -31,6 +31,12 @@ A pure, deterministic functional core (:func:`decide`) and a small stateful shel
   allocated nor free) until it leaves its holding state; it is logged. Two records holding
   the same GPU (a log written before ``deleting`` held GPUs) are kept the same way: the GPU
   stays taken until both let go. Live grants never do either (:meth:`GpuAllocator.hold`).
+- **What runs wins over what the log says.** A GPU injected into a sandbox the runtime
+  shows live (its bundles' ``/dev/nvidiaN`` nodes and CDI annotations, read by recovery:
+  :class:`LiveSandbox`) is held by that actor whatever its record says, beside what the
+  record holds; every difference is reported (issue 30). The pipeline keeps such GPUs, and
+  the GPUs of an actor whose sandbox may outlive its holding state (an interrupted or
+  timed-out effect), until the sandbox is known gone.
 - **A legacy GPU actor holds every GPU.** One registered ``gpu: true`` before requests were
   upgraded at the door (logged by an earlier agent, never allocated) was given all of the
   worker's GPUs; resumed in a holding state it holds them all (:data:`EVERY_GPU`).
@@ -140,6 +146,8 @@ class WorkerGpus:
     """Any qualified name (index, UUID, DRA claim, ...) -> canonical name."""
     refused: Mapping[str, str] = field(default_factory=dict)
     """Qualified names the specs define that are not full GPUs -> why."""
+    nodes: Mapping[str, str] = field(default_factory=dict)
+    """A GPU's ``/dev/nvidiaN`` node (container path) -> canonical name."""
 
     @classmethod
     def of(cls, gpus: Iterable[cdi.Gpu], refused: Mapping[str, str] | None = None) -> WorkerGpus:
@@ -151,13 +159,44 @@ class WorkerGpus:
             for name in (gpu.name, *gpu.names):
                 aliases[name] = gpu.name
         return cls(
-            names=tuple(g.name for g in ordered), aliases=aliases, refused=dict(refused or {})
+            names=tuple(g.name for g in ordered),
+            aliases=aliases,
+            refused=dict(refused or {}),
+            nodes={g.node: g.name for g in ordered},
         )
+
+    def identify(self, injected: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """``(GPUs, unknown)``: the canonical names of the GPUs that ``injected`` (device
+        node paths and qualified CDI names found in a bundle) stand for, in index order, and
+        the entries naming no GPU of this worker."""
+        found: set[str] = set()
+        unknown: list[str] = []
+        for entry in injected:
+            canonical = self.nodes.get(entry) or self.aliases.get(entry)
+            if canonical is None:
+                unknown.append(entry)
+            else:
+                found.add(canonical)
+        order = {n: i for i, n in enumerate(self.names)}
+        return tuple(sorted(found, key=order.__getitem__)), tuple(unknown)
 
     @classmethod
     def named(cls, names: Sequence[str]) -> WorkerGpus:
         """GPUs known by one name each, in the given order."""
         return cls(names=tuple(names), aliases={n: n for n in names})
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSandbox:
+    """What recovery found of one GPU actor's sandbox in the runtime: it may run (a
+    container of it exists and is not stopped), with these GPUs injected."""
+
+    actor_id: str
+    injected: tuple[str, ...]
+    """The ``/dev/nvidiaN`` nodes of its bundles' ``linux.devices`` and the qualified names
+    of their ``cdi.k8s.io/*`` annotations, as found (mapped by :meth:`WorkerGpus.identify`)."""
+    containers: tuple[str, ...] = ()
+    """The containers found live (report lines)."""
 
 
 def decide(request: GpuRequest, worker: WorkerGpus, taken: Container[str]) -> Decision:
@@ -270,11 +309,21 @@ class GpuAllocator:
         """GPUs of this worker held by none."""
         return len(self.worker.names) - self.allocated
 
-    def decide(self, request: GpuRequest) -> Decision:
-        """What :func:`decide` says for ``request`` against this table."""
+    def decide(self, request: GpuRequest, actor_id: str | None = None) -> Decision:
+        """What :func:`decide` says for ``request`` against this table; GPUs ``actor_id``
+        itself still holds (kept for a sandbox of its own that may still run, which its next
+        create or restore replaces) count as free for it."""
         if self.unknown is not None:
             return Refused(f"this worker has no known GPU: {self.unknown}")
-        return decide(request, self.worker, self._taken.keys())
+        own = self._table.get(actor_id, ()) if actor_id is not None else ()
+        if not own:
+            return decide(request, self.worker, self._taken.keys())
+        others = {d for d, n in self._taken.items() if n > (1 if d in own else 0)}
+        return decide(request, self.worker, others)
+
+    def held(self, actor_id: str) -> tuple[str, ...]:
+        """The GPUs the table says ``actor_id`` holds."""
+        return self._table.get(actor_id, ())
 
     def hold(self, actor_id: str, devices: tuple[str, ...]) -> bool:
         """Record that ``actor_id`` holds exactly ``devices`` (none: it holds nothing).

@@ -123,6 +123,27 @@ async def _delete_quietly(ctx: EffectContext, actor: ActorView) -> None:
         await ctx.runtime.delete(actor.actor_id, force=True)
 
 
+async def delete_leftover(ctx: EffectContext, actor: ActorView) -> bool:
+    """Delete whatever may be left of the actor's sandbox (its one container, or every
+    container, apps first and ``_pause`` last) and say whether it is gone: the runtime knows
+    none of its containers any more. Never raises (an unreadable state is not gone)."""
+    await _delete_quietly(ctx, actor)
+    if sandbox.is_sandbox(actor):
+        try:
+            sandboxed = sandbox.of(ctx.runtime, actor)
+        except sandbox.SandboxError:
+            return True  # a runtime without per-actor roots never made this sandbox
+        found = await sandbox.statuses(sandboxed)
+        return all(status == "missing" for status in found.values())
+    try:
+        await ctx.runtime.state(actor.actor_id)
+    except runsc.ContainerNotFoundError:
+        return True
+    except exceptions.SubstrateGpuError:
+        return False
+    return False
+
+
 def _root_container(ctx: EffectContext, actor: ActorView) -> tuple[runsc.SandboxRuntime, str]:
     """The runtime and container that stand for the actor's whole sandbox: its one container,
     or a sandbox's ``_pause`` under the actor's own root. A SandboxError (a
@@ -165,7 +186,7 @@ async def allocate(ctx: EffectContext, actor: ActorView, event: events.Event) ->
         # No allocator: the upstream behaviour (all GPUs, or exactly the names asked for).
         return events.GpusAllocated(actor_id=actor.actor_id, names=request.names)
     await ctx.allocator.ensure_known(request.names)
-    decision = ctx.allocator.decide(request)
+    decision = ctx.allocator.decide(request, actor.actor_id)
     if isinstance(decision, allocation.Granted):
         return events.GpusAllocated(actor_id=actor.actor_id, names=decision.devices)
     if isinstance(decision, allocation.Wait):

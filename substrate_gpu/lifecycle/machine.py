@@ -64,6 +64,10 @@ class StateSpec:
     description: str = ""
     holds_gpus: bool = False
     """An actor here keeps the GPUs allocated to it; entering another state frees them."""
+    may_leave_sandbox: bool = False
+    """Entered from a ``holds_gpus`` state, a sandbox of the actor may still run (a failed,
+    timed-out or interrupted effect): its GPUs stay held until the pipeline has deleted
+    what is left and the runtime shows none of its containers."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,11 @@ class MachineSpec:
     def gpu_holding_states(self) -> frozenset[str]:
         """States in which an actor keeps its allocated GPUs (``holds_gpus``)."""
         return frozenset(s.name for s in self.states if s.holds_gpus)
+
+    @cached_property
+    def sandbox_leaving_states(self) -> frozenset[str]:
+        """States entered with a sandbox that may still run (``may_leave_sandbox``)."""
+        return frozenset(s.name for s in self.states if s.may_leave_sandbox)
 
     @cached_property
     def in_flight_states(self) -> frozenset[str]:
@@ -249,7 +258,14 @@ def parse_spec(raw: object, path: Path) -> MachineSpec:
         where = f"states[{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise _fail(path, where, "must be a mapping with a string name")
-        extra = set(entry) - {"name", "effect", "final", "description", "holds_gpus"}
+        extra = set(entry) - {
+            "name",
+            "effect",
+            "final",
+            "description",
+            "holds_gpus",
+            "may_leave_sandbox",
+        }
         if extra:
             raise _fail(path, f"{where} ({entry['name']})", f"unknown key(s) {sorted(extra)}")
         effect = entry.get("effect")
@@ -266,6 +282,7 @@ def parse_spec(raw: object, path: Path) -> MachineSpec:
                 final=bool(entry.get("final", False)),
                 description=str(entry.get("description", "")),
                 holds_gpus=bool(entry.get("holds_gpus", False)),
+                may_leave_sandbox=bool(entry.get("may_leave_sandbox", False)),
             )
         )
     names = [s.name for s in states]

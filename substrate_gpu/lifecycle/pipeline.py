@@ -17,6 +17,17 @@ How an event flows (one actor's events strictly in order, actors concurrently):
    timeout, or an unexpected error) into an outcome event, and accepts that like any
    other event; a follow-up effect (create → start) continues on the same worker and slot.
 
+**No GPU is freed while a sandbox that has it may still run** (issue 30). When an actor
+leaves a ``holds_gpus`` state for one the machine marks ``may_leave_sandbox`` (``failed``:
+an effect failed, timed out or was interrupted, a verification failed, a resume failed with
+the sandbox up), its GPUs stay held: the pipeline deletes what is left
+of the sandbox (apps first, ``_pause`` last), asks the runtime that none of its containers
+is left, and only then frees them (and offers them to actors awaiting GPUs). GPUs recovery
+found injected in a live sandbox (:class:`~substrate_gpu.lifecycle.allocation.LiveSandbox`)
+are held the same way, beside what the log says, until that sandbox is gone. A kept GPU is
+free for the actor itself (its next create or restore replaces the old sandbox first), and
+that actor's next effect waits for a cleanup under way.
+
 A hung effect holds one worker and one slot until its timeout, then the actor goes to
 ``failed`` with the reason; the other workers keep serving other actors. An effect's
 blocking steps must be abandonable for this to hold (a thread anyio waits for is not:
@@ -36,7 +47,7 @@ from typing import Protocol, runtime_checkable
 import anyio
 import anyio.lowlevel
 import structlog
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from substrate_gpu.lifecycle import actors, allocation, effects, errors, events, hooks
@@ -71,6 +82,16 @@ class GpuMetrics(Protocol):
         ...
 
 
+@runtime_checkable
+class GpuRecordMetrics(Protocol):
+    """A :class:`~hooks.LifecycleMetrics` that counts recovered actors whose live sandbox's
+    GPUs differ from their logged allocation (optional, like :class:`GpuMetrics`)."""
+
+    def gpu_record_mismatch(self, worker: str) -> None:
+        """One such actor on ``worker``."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class _Job:
     actor_id: str
@@ -94,7 +115,10 @@ class Pipeline:
         queue_size: int = 1024,
         concurrency: int = 64,
         effect_impls: Mapping[str, effects.Effect] = effects.EFFECTS,
+        live: Iterable[allocation.LiveSandbox] = (),
     ) -> None:
+        """``live``: the GPU sandboxes recovery found in the runtime (held whatever the
+        log says: module doc)."""
         if queue_size < 1 or concurrency < 1:
             raise ValueError("queue_size and concurrency must be at least 1")
         self.table = table
@@ -115,12 +139,18 @@ class Pipeline:
         self._serving = False
         self._allocator = context.allocator
         self._holding = table.spec.gpu_holding_states
+        self._leaving = table.spec.sandbox_leaving_states
         self._gpus_freed = anyio.Event()
+        self._kept: dict[str, tuple[str, ...]] = {}
+        """GPUs held beyond an actor's record: a sandbox of it that may still run has them."""
+        self._cleaning: dict[str, anyio.Event] = {}
+        """Actors whose leftover sandbox is being deleted (set when done)."""
+        self._tg: TaskGroup | None = None
         if self._allocator is not None:
-            # The table is the projection of the actors' records (resumed ones included).
-            self._allocator.rebuild(
-                (a.actor_id, allocation.held_by(a, self._holding)) for a in table
-            )
+            self._keep_live(self._allocator, live)
+            # The table is the projection of the actors' records (resumed ones included),
+            # and of the sandboxes the runtime showed live.
+            self._allocator.rebuild((a.actor_id, self._held(a)) for a in table)
             self._report_gpus()
 
     # --- lifecycle of the pipeline itself ---------------------------------------------------
@@ -133,6 +163,11 @@ class Pipeline:
                 tg.start_soon(self._worker, receive)
             self._send = send
             self._serving = True
+            self._tg = tg
+            for actor_id in tuple(self._kept):
+                actor = self.table.get(actor_id)
+                if actor is not None and actor.state not in self._holding:
+                    self._clean_up_soon(actor_id)
             if self._allocator is not None:
                 # Actors resumed waiting for GPUs are offered the free ones once.
                 self._gpus_freed.set()
@@ -143,6 +178,7 @@ class Pipeline:
             finally:
                 self._serving = False
                 self._send = None
+                self._tg = None
 
     def add_observer(self, observer: Callable[[hooks.Transition], None]) -> None:
         """Call ``observer`` with every transition from now on."""
@@ -281,13 +317,116 @@ class Pipeline:
                 except errors.AgentClosedError:
                     return
 
-    def _hold_gpus(self, actor_id: str) -> None:
-        """Bring the allocation table up to date with ``actor_id``'s record."""
+    # --- GPUs kept while a sandbox may still run (module doc) -------------------------------
+
+    def _keep_live(
+        self, allocator: allocation.GpuAllocator, live: Iterable[allocation.LiveSandbox]
+    ) -> None:
+        """Keep the GPUs injected in each live sandbox, reporting every difference from the
+        log's record (a warning each, and the mismatch metric)."""
+        metrics: object = self._metrics
+        for found in live:
+            actor = self.table.get(found.actor_id)
+            if actor is None:
+                continue
+            gpus, unknown = allocator.worker.identify(found.injected)
+            if unknown:
+                _log.warning(
+                    "a live sandbox has GPU devices this worker does not know (not held)",
+                    worker=allocator.name,
+                    actor_id=found.actor_id,
+                    devices=list(unknown),
+                )
+            logged = allocation.held_by(actor, self._holding)
+            if logged == allocation.EVERY_GPU:
+                logged = allocator.worker.names
+            logged = tuple(allocator.worker.aliases.get(d, d) for d in logged)
+            if set(gpus) != set(logged):
+                _log.warning(
+                    "the GPUs injected in a live sandbox differ from those the event log "
+                    "says its actor holds; the injected ones are held",
+                    worker=allocator.name,
+                    actor_id=found.actor_id,
+                    state=actor.state,
+                    logged=list(logged),
+                    injected=list(gpus),
+                    containers=list(found.containers),
+                )
+                if isinstance(metrics, GpuRecordMetrics):
+                    metrics.gpu_record_mismatch(allocator.name)
+            # Kept even when none is known: an actor that no longer holds GPUs gets its live
+            # sandbox deleted (serve), like one that just left a holding state.
+            self._kept[found.actor_id] = gpus
+
+    def _held(self, actor: actors.Actor) -> tuple[str, ...]:
+        """What ``actor`` holds: its record's GPUs, and those kept for its sandbox."""
+        record = allocation.held_by(actor, self._holding)
+        kept = self._kept.get(actor.actor_id)
+        if not kept or record == allocation.EVERY_GPU or self._allocator is None:
+            return record
+        wanted = set(record) | set(kept)
+        order = {n: i for i, n in enumerate(self._allocator.worker.names)}
+        return tuple(sorted(wanted, key=lambda n: (order.get(n, len(order)), n)))
+
+    def _clean_up_soon(self, actor_id: str) -> None:
+        """Delete the actor's leftover sandbox in the background, then free what it kept."""
+        if actor_id in self._cleaning or self._tg is None:
+            return
+        done = anyio.Event()
+        self._cleaning[actor_id] = done
+        if self._pending == 0:
+            self._idle = anyio.Event()
+        self._pending += 1
+        self._tg.start_soon(self._clean_up, actor_id, done)
+
+    async def _clean_up(self, actor_id: str, done: anyio.Event) -> None:
+        gone = False
+        try:
+            actor = self.table.get(actor_id)
+            if actor is not None and actor.state not in self._holding:
+                with anyio.move_on_after(self._timeouts["delete"]):
+                    gone = await effects.delete_leftover(self._context, actor.snapshot())
+        finally:
+            del self._cleaning[actor_id]
+            done.set()
+            self._pending -= 1
+            if self._pending == 0:
+                self._idle.set()
+        if not gone:
+            _log.warning(
+                "a sandbox that may still run could not be deleted: its GPUs stay held "
+                "until its next create, restore or delete",
+                actor_id=actor_id,
+                gpus=list(self._kept.get(actor_id, ())),
+            )
+            return
+        if self._kept.pop(actor_id, None) is not None:
+            self._hold_gpus(actor_id)
+
+    def _hold_gpus(
+        self, actor_id: str, source: str | None = None, event: events.Event | None = None
+    ) -> None:
+        """Bring the allocation table up to date with ``actor_id``'s record (after ``event``,
+        which moved it from ``source``), keeping GPUs a sandbox may still have."""
         allocator = self._allocator
         actor = self.table.get(actor_id)
         if allocator is None or actor is None:
             return
-        held = allocation.held_by(actor, self._holding)
+        if isinstance(event, events.SandboxCreated | events.Restored):
+            # The effect deleted what was left before making this sandbox.
+            self._kept.pop(actor_id, None)
+        if actor.state not in self._holding:
+            if (
+                source in self._holding
+                and actor.state in self._leaving
+                and actor_id not in self._kept
+            ):
+                kept = allocator.held(actor_id)
+                if kept:
+                    self._kept[actor_id] = kept
+            if actor_id in self._kept:
+                self._clean_up_soon(actor_id)
+        held = self._held(actor)
         before = allocator.allocated
         freed = allocator.hold(actor_id, held)
         if allocator.allocated != before or freed:
@@ -310,7 +449,7 @@ class Pipeline:
         step = self.table.apply(event)
         # Before any await: the next allocation decision must see this one.
         try:
-            self._hold_gpus(step.event.actor_id)
+            self._hold_gpus(step.event.actor_id, step.source, step.event)
         except errors.AllocationError as e:
             # Unreachable while grants come from the allocator: memory and table disagree.
             self._broken = e
@@ -377,6 +516,8 @@ class Pipeline:
         effect: str | None = job.effect
         cause = job.event
         while effect is not None and self._broken is None:
+            while (cleaning := self._cleaning.get(job.actor_id)) is not None:
+                await cleaning.wait()  # its old sandbox is being deleted: never beside it
             actor = self.table.get(job.actor_id)
             assert actor is not None
             view = actor.snapshot()

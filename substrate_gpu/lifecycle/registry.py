@@ -206,6 +206,9 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
                 asks_runtime=True,
                 otherwise=RecoveryAction.FAILED,
                 by_status={**_alive(RecoveryAction.SUCCEEDED), "created": RecoveryAction.RERUN},
+                # A part-started sandbox (_pause and app running, side created) is no
+                # actor's state and may hold GPUs: deleted before the actor fails.
+                deletes_leftover=True,
                 why="the container is created, not started",
             ),
             success=lambda a: events.SandboxStarted(actor_id=a.actor_id),
@@ -311,6 +314,7 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
                 asks_runtime=True,
                 otherwise=RecoveryAction.FAILED,
                 by_status=_alive(RecoveryAction.RERUN),
+                deletes_leftover=True,
                 why="resuming CUDA processes is idempotent (each one's state is asked)",
             ),
         ),

@@ -443,6 +443,13 @@ class AgentMetrics:
             ["worker"],
             registry=registry,
         )
+        self._gpu_record_mismatches = Counter(
+            "substrate_gpu_gpu_record_mismatches",
+            "Actors found at recovery whose live sandbox has other GPUs injected than the "
+            "event log says they hold (the injected ones are held).",
+            ["worker"],
+            registry=registry,
+        )
         self._atelet_registration = Gauge(
             "substrate_gpu_atelet_registration",
             "1 for the state the worker's capacity report to atelet is in, 0 for the others.",
@@ -528,6 +535,10 @@ class AgentMetrics:
         """Set the worker's GPUs held by actors and free (no actor ids: bounded labels)."""
         self._gpus_allocated.labels(worker).set(allocated)
         self._gpus_free.labels(worker).set(free)
+
+    def gpu_record_mismatch(self, worker: str) -> None:
+        """One actor whose live sandbox's GPUs differ from its logged allocation."""
+        self._gpu_record_mismatches.labels(worker).inc()
 
     def queue_depth(self, depth: int) -> None:
         """Set the pipeline's queue depth (ignored when a ``queue_depth`` source was given)."""

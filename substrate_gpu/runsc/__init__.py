@@ -22,6 +22,7 @@ from substrate_gpu.runsc.api import (
     RunscError,
     RunscFeatures,
     SandboxRuntime,
+    StragglerReaper,
     UnsupportedDriverError,
     WrongStateError,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "RunscError",
     "RunscFeatures",
     "SandboxRuntime",
+    "StragglerReaper",
     "Timeouts",
     "UnsupportedDriverError",
     "WrongStateError",

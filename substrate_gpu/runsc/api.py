@@ -210,6 +210,21 @@ class RemovableRoot(Protocol):
 
 
 @runtime_checkable
+class StragglerReaper(Protocol):
+    """A runtime that can kill the runsc commands a killed agent left running.
+
+    Optional: recovery calls it, when the runtime has it, before asking what the runtime
+    holds, so that no command of the dead agent lands after the decision
+    (:mod:`substrate_gpu.runsc.stragglers`).
+    """
+
+    async def reap_stragglers(self) -> tuple[int, ...]:
+        """Kill every runsc command under this runtime's root and wait until they are gone;
+        the pids killed."""
+        ...
+
+
+@runtime_checkable
 class SandboxExec(Protocol):
     """Running a command inside an existing sandbox (``runsc exec``).
 

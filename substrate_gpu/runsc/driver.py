@@ -6,7 +6,10 @@ A thin effectful shell around :mod:`substrate_gpu.runsc.argv` (what to run) and
 - Every command runs through :func:`substrate_gpu._process.run_command`: a new session,
   stdio to temporary files (``create``/``restore --detach`` hand their stdio to a sandbox
   that outlives them) and, on timeout or cancellation, SIGKILL to the whole process group.
-  A hung runsc can therefore never wedge the agent.
+  A hung runsc can therefore never wedge the agent. Every command also dies with the agent
+  (``die_with_parent``: ``PR_SET_PDEATHSIG`` through ``setpriv``), so a killed agent's
+  ``runsc start`` cannot land after the restarted agent's recovery decided what runs;
+  :meth:`RunscDriver.reap_stragglers` kills any that still run (issue 30).
 - Timeouts are per operation: ``create``, ``restore`` and ``checkpoint`` move a sandbox's
   memory around and get minutes; ``state`` is a metadata read and gets seconds.
 - Features are **detected, never assumed** (``runsc --version``, ``runsc help checkpoint``,
@@ -40,7 +43,7 @@ from typing import cast, get_args
 import anyio
 
 from substrate_gpu import _blocking, _private, _process, exceptions
-from substrate_gpu.runsc import api, argv, errors, roots
+from substrate_gpu.runsc import api, argv, errors, roots, stragglers
 from substrate_gpu.runsc import argv as _command_lines  # ``exec``'s parameter shadows ``argv``
 
 
@@ -241,9 +244,33 @@ class RunscDriver:
         self, args: tuple[str, ...], *, timeout: float, doing: str, umask: int = -1
     ) -> _process.CommandResult:
         try:
-            return await _process.run_command(args, timeout=timeout, what=doing, umask=umask)
+            return await _process.run_command(
+                args, timeout=timeout, what=doing, umask=umask, die_with_parent=True
+            )
         except exceptions.ExternalCommandError as e:
             raise errors.from_command_error(e) from e
+
+    async def reap_stragglers(self, timeout: float = 10.0) -> tuple[int, ...]:
+        """Kill every runsc command under this driver's root (actors' roots included) that
+        a killed agent left running, and wait up to ``timeout`` seconds until each is gone;
+        the pids killed. A :class:`~substrate_gpu.runsc.api.RunscError` names any still
+        alive then (recovery must not decide while one may still land)."""
+        root = self.config.root
+
+        def reap() -> tuple[tuple[int, ...], tuple[int, ...]]:
+            found = stragglers.find(root)
+            return found, stragglers.kill(found, timeout=timeout) if found else ()
+
+        found, left = await _blocking.run_abandonable(reap, name="substrate-gpu runsc reap")
+        if left:
+            raise api.RunscError(
+                f"while killing the runsc commands a killed agent left under {root}: "
+                f"pid(s) {', '.join(map(str, left))} still alive after {timeout:g}s",
+                argv=(),
+                returncode=None,
+                stderr="",
+            )
+        return found
 
     # -- feature detection --------------------------------------------------------------
 
@@ -296,6 +323,7 @@ class RunscDriver:
                 timeout=self.config.timeouts.detect,
                 what=f"detecting the features of {self.config.runsc}",
                 check=False,
+                die_with_parent=True,
             )
         except exceptions.ExternalCommandError as e:
             raise errors.from_command_error(e) from e
@@ -470,7 +498,9 @@ class RunscDriver:
         self, args: tuple[str, ...], *, timeout: float, doing: str
     ) -> _process.CommandResult:
         try:
-            return await _process.run_command(args, timeout=timeout, what=doing, check=False)
+            return await _process.run_command(
+                args, timeout=timeout, what=doing, check=False, die_with_parent=True
+            )
         except exceptions.ExternalCommandError as e:
             raise errors.from_command_error(e) from e
 

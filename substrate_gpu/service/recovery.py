@@ -50,8 +50,20 @@ async def open_log(
     if path.exists() and path.stat().st_size > 0:
         recovered = await eventlog.recover(path, runtime=runtime, checkpoint_root=checkpoint_root)
         # A torn tail is warned about once, by EventLog.open below (which truncates it).
+        if recovered.reaped:
+            log.warning(
+                "killed runsc commands the killed agent left running",
+                pids=list(recovered.reaped),
+            )
         for line in recovered.report:
             log.info("reconciled an interrupted effect", detail=line.describe())
+        for found in recovered.live:
+            log.info(
+                "a GPU sandbox runs",
+                actor_id=found.actor_id,
+                containers=list(found.containers),
+                injected=list(found.injected),
+            )
     opened = await eventlog.EventLog.open(path, metrics=metrics)
     return opened, recovered
 

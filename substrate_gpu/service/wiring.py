@@ -128,6 +128,9 @@ class LifecycleMetricsBridge:
     def gpus_allocated(self, worker: str, allocated: int, free: int) -> None:
         self.metrics.gpus_allocated(worker, allocated, free)
 
+    def gpu_record_mismatch(self, worker: str) -> None:
+        self.metrics.gpu_record_mismatch(worker)
+
 
 def agent_metrics(
     registry: CollectorRegistry,

@@ -191,6 +191,46 @@ def install_runsc_standin(directory: Path) -> Path:
     return script
 
 
+#: The runsc subcommands a stalling wrapper recognises (the first of them in argv is the one).
+_STALLABLE = "create start restore checkpoint delete state kill exec"
+
+
+def install_stalling_runsc(real: Path, directory: Path) -> Path:
+    """Install ``runsc``: a ``/bin/sh`` wrapper that execs ``real`` with its arguments, after
+    stalling once where the ``RUNSC_STANDIN_STALL`` knob file says (the stand-in's knob,
+    tests/standins/README.md, for a runsc that cannot stall itself: real gVisor).
+
+    The knob file holds ``<subcommand> [<container id>]``; the first invocation it names
+    claims it (renamed to ``<file>.stalled``, holding the wrapper's pid), waits
+    ``RUNSC_STANDIN_STALL_SECONDS`` (default 3600) in 0.1 s sleeps (so no long-lived
+    ``sleep`` outlives a killed wrapper), then execs ``real``: the command lands late,
+    unless the wrapper was killed meanwhile. Returns the wrapper's path.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "runsc"
+    _write_script(
+        script,
+        "#!/bin/sh\n"
+        'knob="${RUNSC_STANDIN_STALL:-}"\n'
+        'if [ -n "$knob" ] && [ -f "$knob" ]; then\n'
+        '  read -r want_cmd want_id < "$knob" || true\n'
+        '  cmd=; for a in "$@"; do\n'
+        f'    case " {_STALLABLE} " in *" $a "*) cmd=$a; break;; esac\n'
+        "  done\n"
+        '  for last in "$@"; do :; done\n'
+        '  if [ -n "$cmd" ] && [ "$cmd" = "$want_cmd" ] '
+        '&& { [ -z "$want_id" ] || [ "$want_id" = "$last" ]; } '
+        '&& mv "$knob" "$knob.stalled" 2>/dev/null; then\n'
+        '    echo $$ > "$knob.stalled"\n'
+        '    n=$(awk "BEGIN { print int(${RUNSC_STANDIN_STALL_SECONDS:-3600} * 10) }")\n'
+        '    i=0; while [ "$i" -lt "$n" ]; do sleep 0.1; i=$((i+1)); done\n'
+        "  fi\n"
+        "fi\n"
+        f'exec {real} "$@"\n',
+    )
+    return script
+
+
 def _nvidia_smi(root: Path, gpus: tuple[int, ...], driver_version: str) -> str:
     """A simulated ``nvidia-smi``: ``-L`` lists the GPUs whose ``/dev/nvidiaN`` exist where it
     runs (in a container: the ones injected, as nvproxy shows a sandbox its own), by the

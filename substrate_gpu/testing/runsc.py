@@ -255,6 +255,30 @@ def maybe_hang(command: str) -> None:
     time.sleep(3600)
 
 
+def maybe_stall(command: str, positional: list[str]) -> None:
+    """The one-shot stall (``RUNSC_STANDIN_STALL``, tests/standins/README.md): when the knob
+    file names this command (and container), claim it by renaming it to ``<file>.stalled``
+    (so one invocation stalls), write our pid there, wait ``RUNSC_STANDIN_STALL_SECONDS``,
+    then carry on with the command as if nothing happened: a command that "lands later"."""
+    knob = ENV.get("RUNSC_STANDIN_STALL")
+    if not knob:
+        return
+    try:
+        wanted = Path(knob).read_text(encoding="utf-8").split()
+    except OSError:
+        return
+    target = positional[-1] if positional else ""
+    if not wanted or wanted[0] != command or (len(wanted) > 1 and wanted[1] != target):
+        return
+    stalled = Path(knob + ".stalled")
+    try:
+        Path(knob).rename(stalled)
+    except OSError:
+        return  # another invocation claimed it
+    stalled.write_text(f"{os.getpid()}\n", encoding="utf-8")
+    time.sleep(float(ENV.get("RUNSC_STANDIN_STALL_SECONDS", "3600")))
+
+
 def check_driver(nvproxy: bool) -> None:
     host = ENV.get("RUNSC_STANDIN_HOST_DRIVER")
     if nvproxy and host and host not in DRIVERS:
@@ -652,6 +676,7 @@ def _dispatch(argv: list[str]) -> int:
         raise Usage(f"Unknown command: {command}")
     maybe_hang(command)
     flags, positional = parse_flags(args, COMMAND_FLAGS[command])
+    maybe_stall(command, positional)
     root = global_flags.get("root", "/var/run/runsc")
     nvproxy = global_flags.get("nvproxy", "false") == "true"
     if command == "create":

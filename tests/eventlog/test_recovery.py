@@ -350,7 +350,9 @@ async def test_an_unreadable_runtime_state_is_the_effects_failure(
 async def test_actors_at_rest_resume_untouched_and_seq_continues(
     log_path: Path, tmp_path: Path, runtime: FakeRuntime, injector: FakeInjector
 ) -> None:
-    """No in-flight actor: nothing is asked of the runtime; new events follow the last seq."""
+    """No in-flight actor: nothing is reconciled, the runtime is only asked whether the GPU
+    actor's sandbox runs (what it holds, issue 30), never changed; the CPU actor is not
+    asked; new events follow the last seq."""
     async with (
         await EventLog.open(log_path) as log,
         _agent(runtime, injector, tmp_path, log) as agent,
@@ -359,7 +361,9 @@ async def test_actors_at_rest_resume_untouched_and_seq_continues(
         await bring_to_running(agent, "b", gpu=False)
     runtime.calls.clear()
     recovery = await recover(log_path, runtime=runtime, checkpoint_root=tmp_path)
-    assert recovery.report == () and runtime.calls == []
+    assert recovery.report == ()
+    assert [c[0] for c in runtime.calls] == ["state"] and runtime.calls[0][-1] == "a"
+    assert [found.actor_id for found in recovery.live] == ["a"]
     assert {a: v.state for a, v in recovery.actors.items()} == {"a": "running", "b": "running"}
     async with (
         await EventLog.open(log_path) as log,

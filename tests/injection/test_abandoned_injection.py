@@ -83,6 +83,8 @@ async def test_a_stuck_injection_fails_its_actor_at_the_timeout(
         assert time.monotonic() - started < 2
         assert stuck.is_set()
         assert "inject did not finish within 0.3s" in (agent.actor("a").reason or "")
+        # Freed once the agent has made sure no sandbox of the actor is left (issue 30).
+        await agent.settle()
         assert (allocator.allocated, allocator.free) == (0, 1)
 
 
