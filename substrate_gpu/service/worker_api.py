@@ -51,6 +51,7 @@ from substrate_gpu import _blocking, _defaults, _private, exceptions
 from substrate_gpu.injection import devices
 from substrate_gpu.lifecycle import Agent, actors, errors, events, hooks
 from substrate_gpu.service import _socketfile, cgroup_stats, protocol, worker_requests
+from substrate_gpu.service import config as config_
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -81,6 +82,11 @@ REFUSALS: Final = frozenset(
 )
 #: How long Terminate waits for an effect another door started to finish before deleting.
 SETTLE_TIMEOUT: Final = 600.0
+#: gRPC core's bound on a server's incoming connections (its
+#: ``GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS``).
+MAX_CONNECTIONS_OPTION: Final = "grpc.max_allowed_incoming_connections"
+#: Seconds between two counts of the worker socket's connections (:func:`watch_connections`).
+WATCH_INTERVAL: Final = 2.0
 
 
 class Door(Protocol):
@@ -623,16 +629,23 @@ def _serialize(response: message.Message) -> bytes:
 
 @contextlib.asynccontextmanager
 async def serving(
-    worker: WorkerService, path: Path, claim: Callable[[Path], None]
+    worker: WorkerService,
+    path: Path,
+    claim: Callable[[Path], None],
+    *,
+    max_clients: int = config_.DEFAULT_MAX_WORKER_CLIENTS,
 ) -> AsyncIterator[None]:
     """Serve ``worker`` on the Unix socket ``path`` (mode 0600) while inside.
 
     ``claim`` replaces a stale socket file and refuses one another process serves (the
-    JSON socket's rule). On leaving, calls in progress get a moment to answer.
+    JSON socket's rule). At most ``max_clients`` connections are held (``--max-worker-clients``):
+    gRPC core closes one more as it accepts it, before reading a byte of it, and retries
+    an accept that found no descriptor (EMFILE) a second later. On leaving, calls in
+    progress get a moment to answer.
     """
     _socketfile.make_private_dir(path, "worker socket", "choose another --worker-socket")
     claim(path)
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=[(MAX_CONNECTIONS_OPTION, max_clients)])
     server.add_generic_rpc_handlers((worker.handler(),))
     try:
         with _socketfile.private_umask():
@@ -649,3 +662,33 @@ async def serving(
         with anyio.CancelScope(shield=True):
             await server.stop(grace=1.0)
         _socketfile.unlink_if_ours(path, ours)
+
+
+async def watch_connections(
+    path: Path, max_clients: int, *, interval: float = WATCH_INTERVAL
+) -> None:
+    """Warn while the worker socket holds ``max_clients`` connections (until cancelled).
+
+    gRPC core closes a connection over the bound without a word; this count
+    (:func:`_socketfile.connections`, every ``interval`` seconds) says so once when the socket
+    fills, and once when it has room again. A count that cannot be taken (no descriptor to
+    read the kernel's table with) is skipped: the next one tries again.
+    """
+    full = False
+    while True:
+        try:
+            count = await anyio.to_thread.run_sync(_socketfile.connections, path)
+        except OSError as e:
+            log.debug("worker socket connections not counted", error=str(e))
+        else:
+            if count >= max_clients and not full:
+                log.warning(
+                    "worker socket full: further connections are closed as they are accepted",
+                    worker_socket=str(path),
+                    connections=count,
+                    max_worker_clients=max_clients,
+                )
+            elif count < max_clients and full:
+                log.info("worker socket has room again", worker_socket=str(path), connections=count)
+            full = count >= max_clients
+        await anyio.sleep(interval)
