@@ -60,13 +60,7 @@ SERVICE: Final = pb.DESCRIPTOR.services_by_name["Worker"]
 """``ateworker.Worker`` as our .proto describes it: the methods served."""
 
 #: The identity fields every request carries, kept on the actor and echoed in samples.
-IDENTITY_FIELDS: Final = (
-    "atespace",
-    "actor_name",
-    "actor_uid",
-    "actor_template_atespace",
-    "actor_template_name",
-)
+IDENTITY_FIELDS: Final = worker_requests.IDENTITY_FIELDS
 #: Where the activation's start is kept beside them (``epoch_unix_nano`` of the samples).
 EPOCH_KEY: Final = "epoch_unix_nano"
 #: Outcomes that are a refusal (the machine or the node said no; nothing broke).
@@ -585,7 +579,7 @@ class WorkerService:
             request_class = getattr(pb, method.input_type.name)
             table[method.name] = grpc.unary_unary_rpc_method_handler(
                 self._answering(method.name, getattr(self, method.name)),
-                request_deserializer=request_class.FromString,
+                request_deserializer=functools.partial(_deserialize, request_class),
                 response_serializer=_serialize,
             )
         return grpc.method_handlers_generic_handler(SERVICE.full_name, table)
@@ -600,6 +594,7 @@ class WorkerService:
             request: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> message.Message:
             try:
+                _check_request(request)
                 return await call(request)
             except CallError as e:
                 log.info("worker call answered", call=name, code=e.code.name, error=e.message)
@@ -625,6 +620,35 @@ def _activation_number(view: actors.ActorView) -> int:
 
 def _serialize(response: message.Message) -> bytes:
     return response.SerializeToString()
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """A request body that is not a message of its method's type (corrupt, or a string that
+    is not UTF-8): answered INVALID_ARGUMENT (grpcio would answer a deserializer's exception
+    with an opaque status)."""
+
+    type_name: str
+    error: str
+
+    def __str__(self) -> str:
+        return f"the request is not a valid {self.type_name} message: {self.error}"
+
+
+def _check_request(request: message.Message | Undecodable) -> None:
+    """Before a call reads its request: a message, every string within its bound."""
+    if isinstance(request, Undecodable):
+        raise worker_requests.BadRequest(str(request))
+    worker_requests.check_sizes(request)
+
+
+def _deserialize(
+    request_class: type[message.Message], data: bytes
+) -> message.Message | Undecodable:
+    try:
+        return request_class.FromString(data)
+    except (message.DecodeError, RecursionError) as e:
+        return Undecodable(request_class.DESCRIPTOR.full_name, str(e)[:200] or type(e).__name__)
 
 
 @contextlib.asynccontextmanager

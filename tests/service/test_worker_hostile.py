@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import resource
 import socket
+import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -18,7 +20,7 @@ from substrate_gpu.service import _socketfile
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
 
 from .agentproc import AgentProcess, free_port, probe
-from .workerclient import connect
+from .workerclient import Actor, connect, status_of
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -142,3 +144,117 @@ def test_max_worker_clients_out_of_range_is_refused(tmp_path, value):
     agent = _worker_agent(tmp_path, "--max-worker-clients", value, wait=False)
     assert agent.wait() != 0
     assert "--max-worker-clients" in agent.stderr()
+
+
+# --- 2. what a request carries ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AgentProcess, Path]]:
+    """One agent for the request tests (no runsc: every request here is refused before one)."""
+    tmp = tmp_path_factory.mktemp("hostile")
+    agent = _worker_agent(tmp)
+    try:
+        yield agent, tmp
+    finally:
+        assert agent.terminate() == 0, agent.stderr()
+
+
+def _raw_call(path: Path, method: str, body: bytes) -> tuple[grpc.StatusCode, str]:
+    """``body`` sent as the request of ``method``, as bytes (no serialiser in the way)."""
+    with grpc.insecure_channel(f"unix:{path}") as channel:
+        call = channel.unary_unary(f"/ateworker.Worker/{method}")
+        try:
+            call(body, timeout=20)
+        except grpc.RpcError as e:
+            return e.code(), e.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def test_a_huge_actor_name_is_refused_naming_the_field_and_never_logged(hostile):
+    """A 3.9 MB actor_name: INVALID_ARGUMENT naming actor_name and the 1024-byte bound; the
+    name reaches neither the agent's log nor the event log."""
+    agent, tmp = hostile
+    actor = Actor(tmp / "huge").prepare()
+    name = "n" * 3_900_000
+    code, message = status_of(
+        connect(tmp / "worker" / "worker.sock").RunWorkload, actor.run(actor_name=name)
+    )
+    assert code == INVALID
+    assert "actor_name is 3900000 bytes: at most 1024" in message
+    assert "n" * 1000 not in agent.stderr()
+    assert "n" * 1000 not in (tmp / "events.jsonl").read_text()
+
+
+@pytest.mark.parametrize(
+    ("field", "where"),
+    [
+        pytest.param({"runsc_path": "/" * 5000}, "runsc_path is 5000 bytes", id="runsc-path"),
+        pytest.param(
+            {"actor_dirs": pb.ActorDirs(oci_bundle_dir="/" + "d" * 4096)},
+            "actor_dirs.oci_bundle_dir is 4097 bytes: at most 4096",
+            id="bundle-dir",
+        ),
+        pytest.param(
+            {
+                "spec": pb.WorkloadSpec(
+                    containers=[pb.Container(name="a"), pb.Container(name="b" * 5000)]
+                )
+            },
+            "spec.containers[1].name is 5000 bytes",
+            id="container-name",
+        ),
+    ],
+)
+def test_every_string_of_a_request_is_bounded(hostile, field, where):
+    """Paths and names too: PATH_MAX (4096 bytes), named by their field path."""
+    _, tmp = hostile
+    actor = Actor(tmp / "strings").prepare()
+    code, message = status_of(
+        connect(tmp / "worker" / "worker.sock").RunWorkload, actor.run(**field)
+    )
+    assert (code, where in message) == (INVALID, True), message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"\x0a\x02\xff\xfe", id="field-1-not-utf8"),
+        pytest.param(b"\xff\xff\xff\xff", id="not-a-message"),
+        pytest.param(b"\x0a\x10abc", id="truncated"),
+    ],
+)
+@pytest.mark.parametrize("method", ["RunWorkload", "TerminateWorkload", "GetWorkloadStats"])
+def test_a_corrupt_request_is_invalid_argument(hostile, body, method):
+    """A body that is no message of the method's type (a string that is not UTF-8, bytes
+    that are no protobuf): INVALID_ARGUMENT naming the type, not UNKNOWN."""
+    _, tmp = hostile
+    code, message = _raw_call(tmp / "worker" / "worker.sock", method, body)
+    assert code == INVALID, (code, message)
+    assert f"not a valid ateworker.{method}Request message" in message
+
+
+def test_a_deeply_nested_app_config_is_invalid_argument(hostile):
+    """An app container's config.json nested 100,000 deep: INVALID_ARGUMENT naming the file,
+    not INTERNAL (a RecursionError)."""
+    _, tmp = hostile
+    actor = Actor(tmp / "nested").prepare()
+    (actor.bundles / "app" / "config.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    code, message = status_of(connect(tmp / "worker" / "worker.sock").RunWorkload, actor.run())
+    assert code == INVALID, message
+    assert "app/config.json" in message
+
+
+def test_an_existing_worker_socket_directory_writable_by_others_is_fixed(tmp_path):
+    """A world-writable directory for the worker socket: made 0755 before the socket is
+    bound, with a warning; the socket serves."""
+    directory = tmp_path / "worker"
+    directory.mkdir()
+    directory.chmod(0o777)
+    agent = _worker_agent(tmp_path)
+    try:
+        assert list(_stats(directory / "worker.sock").samples) == []
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o755
+        assert "socket directory was writable by others" in agent.stderr()
+    finally:
+        assert agent.terminate() == 0, agent.stderr()
