@@ -173,6 +173,15 @@ class EventLog:
             _log.warning(
                 "event log has a torn tail", path=str(path), tail=contents.torn_tail.describe()
             )
+        if contents.missing:
+            _log.warning(
+                "event log is missing events",
+                path=str(path),
+                missing=contents.describe_missing(),
+                detail="below its last event, so not a torn tail: a line taken out of the "
+                "middle (an edit, a bad copy) or a tail lost at an earlier start; the actors "
+                "they moved are replayed without them",
+            )
         tracker = None
         if rotate_bytes is not None:
             tracker = await anyio.to_thread.run_sync(_tracker, contents, machine_spec)
