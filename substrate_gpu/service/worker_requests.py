@@ -10,6 +10,7 @@ request field (or the file) at fault, which the servicer answers with ``INVALID_
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -62,18 +63,27 @@ def check_sizes(request: message.Message) -> None:
     the value: the refusal is logged). Before anything else reads the request."""
     for where, value in _strings(request, ""):
         bound = IDENTITY_BYTES_MAX if where in IDENTITY_FIELDS else STRING_BYTES_MAX
+        if len(value) * 4 <= bound:
+            continue  # at most 4 bytes a character: within its bound, not encoded
         size = len(value.encode("utf-8", "surrogatepass"))
         if size > bound:
             kind = "an identity string" if bound == IDENTITY_BYTES_MAX else "a string"
             raise BadRequest(f"{where} is {size} bytes: at most {bound} ({kind}) is accepted")
 
 
+@functools.cache
+def _is_map_entry(message_type: descriptor.Descriptor) -> bool:
+    # GetOptions builds an options message per call: asked once per message type.
+    return bool(message_type.GetOptions().map_entry)
+
+
 def _strings(msg: message.Message, prefix: str) -> Iterator[tuple[str, str]]:
     """Every string set in ``msg`` (nested messages, lists and maps included), by field path."""
     for field, value in msg.ListFields():
         where = f"{prefix}{field.name}"
-        if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            value_field = field.message_type.fields_by_name["value"]
+        entry_type = field.message_type
+        if entry_type is not None and _is_map_entry(entry_type):
+            value_field = entry_type.fields_by_name["value"]
             for key, item in value.items():
                 entry = f"{where}[{key[:64]!r}]" if isinstance(key, str) else f"{where}[{key}]"
                 if isinstance(key, str):

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 import stat
 from pathlib import Path
 
+import anyio
 import pytest
 import structlog.testing
 
 from substrate_gpu import exceptions
-from substrate_gpu.service import _socketfile
+from substrate_gpu.service import _socketfile, worker_api
 
 
 def _mode(path: Path) -> int:
@@ -94,3 +96,33 @@ def test_connections_counts_what_the_server_accepted(tmp_path):
         assert _socketfile.connections(tmp_path / "other.sock") == 0
         for s in [*clients, *accepted]:
             s.close()
+
+
+@pytest.mark.anyio
+async def test_the_worker_socket_watch_warns_once_when_full_and_once_with_room_again(tmp_path):
+    """``worker_api.watch_connections``: one warning when the count reaches the bound, one
+    line when it drops below, nothing in between."""
+    path = tmp_path / "w.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen(8)
+        clients = [socket.socket(socket.AF_UNIX) for _ in range(2)]
+        with structlog.testing.capture_logs() as logs:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(
+                    functools.partial(worker_api.watch_connections, path, 2, interval=0.02)
+                )
+                for client in clients:
+                    client.connect(str(path))
+                accepted = [listener.accept()[0] for _ in clients]
+                await anyio.sleep(0.2)
+                accepted.pop().close()
+                await anyio.sleep(0.2)
+                tasks.cancel_scope.cancel()
+        for s in [*clients, *accepted]:
+            s.close()
+    said = [(e["log_level"], e["event"]) for e in logs]
+    assert said == [
+        ("warning", "worker socket full: further connections are closed as they are accepted"),
+        ("info", "worker socket has room again"),
+    ]

@@ -204,6 +204,16 @@ def test_a_huge_actor_name_is_refused_naming_the_field_and_never_logged(hostile)
             "spec.containers[1].name is 5000 bytes",
             id="container-name",
         ),
+        pytest.param(
+            {"runtime_asset_paths": {"runsc": "/" * 5000}},
+            "runtime_asset_paths['runsc'] is 5000 bytes",
+            id="map-value",
+        ),
+        pytest.param(
+            {"runtime_asset_paths": {"k" * 5000: "/x"}},
+            "runtime_asset_paths key is 5000 bytes",
+            id="map-key",
+        ),
     ],
 )
 def test_every_string_of_a_request_is_bounded(hostile, field, where):
