@@ -138,7 +138,8 @@ def test_all_by_name_is_every_gpu_and_a_gpu_named_twice_counts_once(
     actor = Actor(
         tmp_path / "names", uid="names", annotations={"cdi.k8s.io/app": annotation}
     ).prepare()
-    assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
+    request = actor.run(runsc_path=str(tmp_path / "bin" / "runsc"))  # the agent's --runsc
+    assert status_of(worker.RunWorkload, request) == (grpc.StatusCode.OK, "")
     assert gpus_in(actor.bundles / "app") == gpus
     config = json.loads((actor.bundles / "app" / "config.json").read_text())
     paths = [d["path"] for d in config["linux"]["devices"]]

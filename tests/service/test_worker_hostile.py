@@ -18,6 +18,7 @@ import pytest
 
 from substrate_gpu.service import _socketfile
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
+from substrate_gpu.testing import node as node_
 
 from .agentproc import AgentProcess, free_port, probe
 from .workerclient import Actor, connect, status_of
@@ -151,9 +152,11 @@ def test_max_worker_clients_out_of_range_is_refused(tmp_path, value):
 
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AgentProcess, Path]]:
-    """One agent for the request tests (no runsc: every request here is refused before one)."""
+    """One agent for the request tests, on the runsc stand-in (every request here is refused
+    before runsc runs; ``runsc_path`` names the stand-in where a call checks it)."""
     tmp = tmp_path_factory.mktemp("hostile")
-    agent = _worker_agent(tmp)
+    runsc = node_.install_runsc_standin(tmp / "bin")
+    agent = _worker_agent(tmp, "--runsc", str(runsc))
     try:
         yield agent, tmp
     finally:
@@ -250,7 +253,8 @@ def test_a_deeply_nested_app_config_is_invalid_argument(hostile):
     _, tmp = hostile
     actor = Actor(tmp / "nested").prepare()
     (actor.bundles / "app" / "config.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
-    code, message = status_of(connect(tmp / "worker" / "worker.sock").RunWorkload, actor.run())
+    request = actor.run(runsc_path=str(tmp / "bin" / "runsc"))
+    code, message = status_of(connect(tmp / "worker" / "worker.sock").RunWorkload, request)
     assert code == INVALID, message
     assert "app/config.json" in message
 
