@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 import anyio
+import anyio.to_thread
 import grpc
 import grpc.aio
 import structlog
