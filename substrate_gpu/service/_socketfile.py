@@ -8,8 +8,9 @@ import contextlib
 import os
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 import structlog
 
@@ -87,23 +88,48 @@ def unlink_if_ours(path: Path, ours: os.stat_result) -> None:
             path.unlink()
 
 
-#: ``/proc/net/unix``'s ``St`` column of a connected socket (``SS_CONNECTED``).
-_CONNECTED = "03"
+#: ``/proc/net/unix``'s ``St`` column: a connected socket, one still being connected.
+_CONNECTED, _CONNECTING = b"03", b"02"
 
 
-def connections(path: Path, table: Path = Path("/proc/net/unix")) -> int:
-    """The connections the server of the socket file ``path`` holds now (blocks: a file read).
+@dataclass(frozen=True)
+class Connections:
+    """The connections of one listening socket, as the kernel lists them."""
 
-    The kernel lists every Unix socket of this network namespace in ``table``; a socket the
-    server accepted carries the listener's path and is connected (a client's own socket
-    carries no path, a connection still in the backlog no inode). Raises ``OSError`` when
-    the table cannot be read (no descriptor to spare, among others)."""
-    name = str(path)
-    count = 0
-    with table.open(encoding="utf-8", errors="replace") as lines:
-        next(lines, None)  # the header
-        for line in lines:
-            fields = line.rstrip("\n").split(maxsplit=7)
-            if len(fields) == 8 and fields[7] == name and fields[5] == _CONNECTED:
-                count += fields[6] != "0"
-    return count
+    held: int
+    """Accepted by the server and open."""
+    waiting: int
+    """In the listener's backlog: connected by their client, not accepted yet."""
+
+
+UNIX_SOCKETS: Final = Path("/proc/net/unix")
+"""The kernel's table of this network namespace's Unix sockets."""
+
+
+def connections(path: Path, table: Path = UNIX_SOCKETS) -> Connections:
+    """The connections of the server of the socket file ``path`` now (blocks: a file read;
+    ``OSError`` when the table cannot be opened, EMFILE among others)."""
+    with table.open("rb") as opened:
+        return read_connections(opened, path)
+
+
+def read_connections(table: BinaryIO, path: Path) -> Connections:
+    """:func:`connections` from ``table`` kept open (read again from its start: a reader
+    that holds it needs no descriptor to count, even when the process has none to spare).
+
+    The kernel lists every Unix socket: a socket the server accepted carries the listener's
+    path, is connected and has an inode; one still in the backlog carries the path too,
+    connecting, with no inode yet (a client's own socket carries no path)."""
+    table.seek(0)
+    name = os.fsencode(path)
+    held = waiting = 0
+    for line in table.read().splitlines()[1:]:  # after the header
+        fields = line.split(maxsplit=7)
+        if len(fields) != 8 or fields[7] != name:
+            continue
+        state, inode = fields[5], fields[6]
+        if state == _CONNECTED and inode != b"0":
+            held += 1
+        elif state == _CONNECTING and inode == b"0":
+            waiting += 1
+    return Connections(held, waiting)

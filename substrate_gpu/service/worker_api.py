@@ -39,7 +39,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, BinaryIO, Final, Protocol
 
 import anyio
 import anyio.to_thread
@@ -82,6 +82,8 @@ SETTLE_TIMEOUT: Final = 600.0
 MAX_CONNECTIONS_OPTION: Final = "grpc.max_allowed_incoming_connections"
 #: Seconds between two counts of the worker socket's connections (:func:`watch_connections`).
 WATCH_INTERVAL: Final = 2.0
+#: Seconds connections may wait in the worker socket's backlog before it is said not to accept.
+STALLED_AFTER: Final = 10.0
 
 
 class Door(Protocol):
@@ -690,30 +692,70 @@ async def serving(
 
 
 async def watch_connections(
-    path: Path, max_clients: int, *, interval: float = WATCH_INTERVAL
+    path: Path,
+    max_clients: int,
+    *,
+    interval: float = WATCH_INTERVAL,
+    stalled_after: float = STALLED_AFTER,
 ) -> None:
-    """Warn while the worker socket holds ``max_clients`` connections (until cancelled).
+    """Say what gRPC core does not about the worker socket (until cancelled).
 
-    gRPC core closes a connection over the bound without a word; this count
-    (:func:`_socketfile.connections`, every ``interval`` seconds) says so once when the socket
-    fills, and once when it has room again. A count that cannot be taken (no descriptor to
-    read the kernel's table with) is skipped: the next one tries again.
+    Every ``interval`` seconds the kernel's count (:func:`_socketfile.connections`) is read:
+
+    - **full**: ``max_clients`` connections held, so gRPC core closes each new one without a
+      word: a warning when it fills, a line when it has room again;
+    - **not accepting**: connections have waited in the backlog for ``stalled_after``
+      seconds. gRPC core retries an accept that met EMFILE a second later, but closes its
+      acceptor for good on any other accept error (ENFILE: the system's file table is
+      full; ENOBUFS, ENOMEM): the socket then never answers again. An error says so, and a
+      line when the backlog drains.
+
+    The kernel's table is opened once and read again each time, so counting needs no
+    descriptor while the process has none to spare; while it cannot be opened (or read),
+    counts are skipped.
     """
-    full = False
-    while True:
-        try:
-            count = await anyio.to_thread.run_sync(_socketfile.connections, path)
-        except OSError as e:
-            log.debug("worker socket connections not counted", error=str(e))
-        else:
-            if count >= max_clients and not full:
+    full = stalled = False
+    waiting_since: float | None = None
+    table: BinaryIO | None = None
+    try:
+        while True:
+            try:
+                if table is None:
+                    table = _socketfile.UNIX_SOCKETS.open("rb")
+                now = await anyio.to_thread.run_sync(_socketfile.read_connections, table, path)
+            except OSError as e:
+                log.debug("worker socket connections not counted", error=str(e))
+                await anyio.sleep(interval)
+                continue
+            if now.held >= max_clients and not full:
                 log.warning(
                     "worker socket full: further connections are closed as they are accepted",
                     worker_socket=str(path),
-                    connections=count,
+                    connections=now.held,
                     max_worker_clients=max_clients,
                 )
-            elif count < max_clients and full:
-                log.info("worker socket has room again", worker_socket=str(path), connections=count)
-            full = count >= max_clients
-        await anyio.sleep(interval)
+            elif now.held < max_clients and full:
+                log.info(
+                    "worker socket has room again", worker_socket=str(path), connections=now.held
+                )
+            full = now.held >= max_clients
+            if not now.waiting:
+                if stalled:
+                    log.info("worker socket accepting again", worker_socket=str(path))
+                stalled, waiting_since = False, None
+            elif waiting_since is None:
+                waiting_since = time.monotonic()
+            elif not stalled and time.monotonic() - waiting_since >= stalled_after:
+                stalled = True
+                log.error(
+                    "worker socket not accepting: connections wait in its backlog; the agent is "
+                    "out of descriptors, or gRPC core closed its acceptor after an accept error "
+                    "(ENFILE, ENOMEM): restart the agent if it lasts",
+                    worker_socket=str(path),
+                    waiting=now.waiting,
+                    seconds=round(time.monotonic() - waiting_since, 1),
+                )
+            await anyio.sleep(interval)
+    finally:
+        if table is not None:
+            table.close()

@@ -80,8 +80,8 @@ def test_a_directory_that_cannot_be_fixed_is_refused(tmp_path, monkeypatch):
     assert "chmod go-w" in message
 
 
-def test_connections_counts_what_the_server_accepted(tmp_path):
-    """Accepted connections count; one still in the backlog and the listener do not."""
+def test_connections_counts_what_the_server_holds_and_what_waits(tmp_path):
+    """Accepted connections are held, those in the backlog wait; the listener is neither."""
     path = tmp_path / "s.sock"
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(str(path))
@@ -90,10 +90,10 @@ def test_connections_counts_what_the_server_accepted(tmp_path):
         for client in clients:
             client.connect(str(path))
         accepted = [listener.accept()[0] for _ in range(2)]
-        assert _socketfile.connections(path) == 2
+        assert _socketfile.connections(path) == _socketfile.Connections(held=2, waiting=1)
         accepted[0].close()
-        assert _socketfile.connections(path) == 1
-        assert _socketfile.connections(tmp_path / "other.sock") == 0
+        assert _socketfile.connections(path) == _socketfile.Connections(held=1, waiting=1)
+        assert _socketfile.connections(tmp_path / "other.sock") == _socketfile.Connections(0, 0)
         for s in [*clients, *accepted]:
             s.close()
 
@@ -126,3 +126,32 @@ async def test_the_worker_socket_watch_warns_once_when_full_and_once_with_room_a
         ("warning", "worker socket full: further connections are closed as they are accepted"),
         ("info", "worker socket has room again"),
     ]
+
+
+@pytest.mark.anyio
+async def test_the_worker_socket_watch_says_when_connections_wait_unaccepted(tmp_path):
+    """A listener that stops accepting (gRPC core's acceptor closed after ENFILE): once a
+    connection has waited ``stalled_after`` seconds, an error; once it is taken, a line."""
+    path = tmp_path / "w.sock"
+    with socket.socket(socket.AF_UNIX) as listener, socket.socket(socket.AF_UNIX) as client:
+        listener.bind(str(path))
+        listener.listen(8)
+        with structlog.testing.capture_logs() as logs:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(
+                    functools.partial(
+                        worker_api.watch_connections, path, 5, interval=0.02, stalled_after=0.1
+                    )
+                )
+                client.connect(str(path))
+                await anyio.sleep(0.4)
+                accepted, _ = listener.accept()
+                await anyio.sleep(0.2)
+                tasks.cancel_scope.cancel()
+        accepted.close()
+    said = [(e["log_level"], e["event"].partition(":")[0]) for e in logs]
+    assert said == [
+        ("error", "worker socket not accepting"),
+        ("info", "worker socket accepting again"),
+    ]
+    assert logs[0]["waiting"] == 1
