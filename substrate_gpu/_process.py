@@ -132,10 +132,19 @@ async def run_command(
                 stderr="",
             )
         spawned = (wrapper, *PDEATHSIG_ARGS, *args)
-    with (
-        tempfile.TemporaryFile(prefix="substrate-gpu-out-") as out,
-        tempfile.TemporaryFile(prefix="substrate-gpu-err-") as err,
-    ):
+    with contextlib.ExitStack() as files:
+        try:
+            out = files.enter_context(tempfile.TemporaryFile(prefix="substrate-gpu-out-"))
+            err = files.enter_context(tempfile.TemporaryFile(prefix="substrate-gpu-err-"))
+        except OSError as e:
+            # Out of descriptors (EMFILE) or a full temporary directory: this command
+            # fails, clearly, like one that cannot start; nothing of the caller ends.
+            raise exceptions.ExternalCommandError(
+                f"while {what}: cannot start {args[0]}: no file for its output: {e.strerror or e}",
+                argv=args,
+                returncode=None,
+                stderr="",
+            ) from e
         try:
             process = await anyio.open_process(
                 list(spawned),

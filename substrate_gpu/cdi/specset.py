@@ -112,12 +112,31 @@ def _unknown_error(spec_set: SpecSet, unknown: Sequence[names.QualifiedName]) ->
     return "; ".join(parts)
 
 
+def _adds_nothing(merged: model.ContainerEdits, edits: model.ContainerEdits) -> bool:
+    """Whether ``edits`` are already all in ``merged``: one GPU asked for by two of its names
+    (its index and its UUID, whose entries carry the same edits), or one that ``all`` beside
+    it already holds. Such a device counts once, as the reference library's result has each
+    node once (a later node replaces one at the same path there)."""
+    nodes = {node.path for node in merged.device_nodes}
+    destinations = {mount.container_path for mount in merged.mounts}
+    return (
+        all(node.path in nodes for node in edits.device_nodes)
+        and all(mount.container_path in destinations for mount in edits.mounts)
+        and all(hook in merged.hooks for hook in edits.hooks)
+        and all(entry in merged.env for entry in edits.env)
+        and all(gid in merged.additional_gids for gid in edits.additional_gids)
+        and edits.intel_rdt is None
+        and not edits.net_devices
+    )
+
+
 def edits_for_devices(spec_set: SpecSet, requested: Sequence[str]) -> model.ContainerEdits:
     """The edits that give a container exactly the ``requested`` devices; pure.
 
     ``requested`` are fully qualified names (``nvidia.com/gpu=0``,
     ``nvidia.com/gpu=GPU-<uuid>``, a DRA claim's names, or ``nvidia.com/gpu=all``);
-    a name given twice counts once. Raises
+    a name given twice counts once, and so does a GPU given by two of its names (or beside
+    ``all``): a device whose edits are all in already adds nothing. Raises
     :class:`~substrate_gpu.exceptions.DeviceRequestError` for a malformed, unknown or
     conflicting name (every unknown name is listed, with what the spec set offers) or for a
     device of an NVIDIA kind whose own edits carry no ``/dev/nvidia*`` node, and
@@ -161,11 +180,13 @@ def edits_for_devices(spec_set: SpecSet, requested: Sequence[str]) -> model.Cont
         )
     merged = model.ContainerEdits()
     applied: list[model.Spec] = []
-    for spec, device in chosen:
+    # ``all`` first: a GPU named beside it (before or after) then adds nothing.
+    for spec, device in sorted(chosen, key=lambda found: found[1].name != model.ALL_DEVICES):
         if not any(spec is seen for seen in applied):
             applied.append(spec)
             merged = merged.merged_with(spec.container_edits)
-        merged = merged.merged_with(device.container_edits)
+        if not _adds_nothing(merged, device.container_edits):
+            merged = merged.merged_with(device.container_edits)
     reason = gpus.edits_mig_reason(merged)
     if reason is not None:
         raise exceptions.MigDeviceRefused(

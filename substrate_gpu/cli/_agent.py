@@ -103,6 +103,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "on SIGTERM, seconds for in-flight worker calls (checkpoints finish) and then for "
         "every app container to exit after its SIGTERM, before SIGKILL",
     )
+    _defaulted(
+        worker,
+        "--max-worker-clients",
+        int,
+        config_.DEFAULT_MAX_WORKER_CLIENTS,
+        "worker socket connections held at once; one more is closed as it is accepted, "
+        "with a warning while the socket is full",
+    )
     worker.add_argument(
         "--atelet-socket",
         type=str,
@@ -252,6 +260,11 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
         raise exceptions.ConfigError(
             f"while reading --max-clients: {args.max_clients} must be at least 1"
         )
+    if not 1 <= args.max_worker_clients <= config_.MAX_WORKER_CLIENTS_LIMIT:
+        raise exceptions.ConfigError(
+            f"while reading --max-worker-clients: {args.max_worker_clients} must be between 1 "
+            f"and {config_.MAX_WORKER_CLIENTS_LIMIT}"
+        )
     for flag, seconds in (
         ("--idle-timeout", args.idle_timeout),
         ("--line-timeout", args.line_timeout),
@@ -291,6 +304,7 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
         drain_timeout=args.drain_timeout,
         workload_grace=args.workload_grace,
         max_clients=args.max_clients,
+        max_worker_clients=args.max_worker_clients,
         idle_timeout=args.idle_timeout,
         line_timeout=args.line_timeout,
         liveness_timeout=args.liveness_timeout,

@@ -76,6 +76,13 @@ def run(args: argparse.Namespace) -> int:
             f"substrate-gpu replay: warning: {path}: {contents.torn_tail.describe()}",
             file=sys.stderr,
         )
+    if contents.missing:
+        print(
+            f"substrate-gpu replay: warning: {path}: {contents.describe_missing()} missing "
+            "from the log (below its last event, so not a torn tail: a line taken out, or a "
+            "tail lost at an earlier start); replayed without them",
+            file=sys.stderr,
+        )
     _warn_unshowable_times(path, contents)
     timelines = _timelines(contents, result, args.actor)
     # A reader that leaves (`| head`) is main's to handle, as for every command.

@@ -62,6 +62,19 @@ class LogContents:
     """The dropped incomplete last line, if any."""
     valid_bytes: int
     """Bytes of complete lines (the writer truncates the file to this before appending)."""
+    missing: tuple[tuple[int, int], ...] = ()
+    """Seq ranges (first, last; inclusive) absent between the segment's base and its last
+    event. Seqs are handed out one by one and every accepted event is logged, so a gap is a
+    line taken out of the middle (an edit, a bad copy), or the tail an earlier start found
+    lost (:mod:`.seqmark`): never a crash, which can only tear the last line."""
+
+    def describe_missing(self) -> str:
+        """The missing seqs as one phrase (``seq 5``, ``seqs 7 to 9, 12``); empty if none."""
+        parts = [str(a) if a == b else f"{a} to {b}" for a, b in self.missing]
+        count = sum(b - a + 1 for a, b in self.missing)
+        if not parts:
+            return ""
+        return f"seq{'s' if count > 1 else ''} {', '.join(parts)}"
 
     @property
     def events(self) -> list[events.Event]:
@@ -115,8 +128,8 @@ def _parse(path: Path, data: bytes) -> LogContents:
         base = snapshot.read(path.with_name(header.snapshot), seq=header.base_seq)
     records = _records(path, data, start, end) if start < end else []
     torn = TornTail(offset=end, size=len(data) - end, line=len(records) + 2)
-    _check_order(path, records, header.base_seq)
-    return LogContents(path, header, base, records, torn if end < len(data) else None, end)
+    missing = _check_order(path, records, header.base_seq)
+    return LogContents(path, header, base, records, torn if end < len(data) else None, end, missing)
 
 
 @contextlib.contextmanager
@@ -174,14 +187,25 @@ def _parse_line(path: Path, number: int, line: bytes) -> format.Record:
         raise errors.CorruptLogError(path, number, str(e)) from e
 
 
-def _check_order(path: Path, records: list[format.Record], base_seq: int) -> None:
+def _check_order(
+    path: Path, records: list[format.Record], base_seq: int
+) -> tuple[tuple[int, int], ...]:
+    """Raise unless the events' seqs rise strictly from ``base_seq``; the ranges missing."""
     try:
         seqs = [r.seq for r in records]  # type: ignore[union-attr]
     except AttributeError:  # a rejection (they carry no seq): the rare case
         rejection = format.Rejection
         seqs = [r.seq for r in records if r.__class__ is not rejection]  # type: ignore[union-attr]
     if all(map(operator.lt, [base_seq, *seqs], seqs)):
-        return  # the common case, checked in C; otherwise find the line below
+        # The common case, checked in C. Rising strictly, they are contiguous exactly when
+        # the last is as far above the base as there are events.
+        if not seqs or seqs[-1] - base_seq == len(seqs):
+            return ()
+        return tuple(
+            (before + 1, after - 1)
+            for before, after in zip([base_seq, *seqs], seqs, strict=False)
+            if after > before + 1
+        )
     last = base_seq
     event_type = events.Event
     for i, record in enumerate(records):
@@ -194,3 +218,4 @@ def _check_order(path: Path, records: list[format.Record], base_seq: int) -> Non
                     "its seq order)",
                 )
             last = record.seq
+    raise AssertionError("unreachable: the seqs do not rise, so the loop raised")

@@ -54,7 +54,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Final, Protocol, Self
 
 import anyio
 import anyio.lowlevel
@@ -131,6 +131,7 @@ class EventLog:
         self._failed: BaseException | None = None
         self._closed = False
         self._replayer = tracker
+        self._rotate_not_before = 0.0
 
     # --- opening -------------------------------------------------------------------------
 
@@ -171,6 +172,15 @@ class EventLog:
         elif contents.torn_tail is not None:
             _log.warning(
                 "event log has a torn tail", path=str(path), tail=contents.torn_tail.describe()
+            )
+        if contents.missing:
+            _log.warning(
+                "event log is missing events",
+                path=str(path),
+                missing=contents.describe_missing(),
+                detail="below its last event, so not a torn tail: a line taken out of the "
+                "middle (an edit, a bad copy) or a tail lost at an earlier start; the actors "
+                "they moved are replayed without them",
             )
         tracker = None
         if rotate_bytes is not None:
@@ -351,9 +361,18 @@ class EventLog:
 
     async def _rotate(self) -> None:
         assert self._replayer is not None
+        if time.monotonic() < self._rotate_not_before:
+            return
         base = snapshot.build(self.last_seq, self._replayer.views().values(), self._replayer.causes)
         try:
             await anyio.to_thread.run_sync(self._rotate_files, base)
+        except _RotationPostponed as e:
+            # Nothing was switched: the segment stays the log; a later batch tries again.
+            self._rotate_not_before = time.monotonic() + ROTATE_RETRY
+            _log.warning(
+                "event log rotation postponed", path=str(self.path), error=str(e.__cause__)
+            )
+            return
         except Exception as e:  # noqa: BLE001 (any failure: the log is readable, this writer stops)
             # The batch itself is durable; a failed rotation leaves a readable log (module
             # doc), but this writer's file handle may no longer be the log's: stop here.
@@ -363,7 +382,12 @@ class EventLog:
         self.rotations += 1
 
     def _rotate_files(self, base: snapshot.Snapshot) -> None:
-        written = write_snapshot_step(self.path, base)
+        try:
+            written = write_snapshot_step(self.path, base)
+        except OSError as e:
+            if e.errno in _NOT_NOW:
+                raise _RotationPostponed from e
+            raise
         header = switch_segment_step(self.path, base.seq, written.name)
         fd, self._fd = self._fd, None
         if fd is not None:
@@ -485,6 +509,16 @@ def _read_holder(fd: int) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() else None
+
+
+#: Errors of a rotation's first step that say "not now" (no descriptor, no memory).
+_NOT_NOW: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+ROTATE_RETRY: Final = 1.0
+"""Seconds before a postponed rotation is tried again (by the first batch after them)."""
+
+
+class _RotationPostponed(errors.EventLogError):
+    """The snapshot could not be written for want of a descriptor or memory: nothing changed."""
 
 
 # --- the rotation steps (separate so tests can stop between any two) -----------------------

@@ -6,7 +6,10 @@ A pure, deterministic functional core (:func:`decide`) and a small stateful shel
 - An actor asks for all of the worker's GPUs (``actor_registered.gpu`` alone, as before), a
   count (``gpus: N``: the lowest free indices first), or fully qualified CDI names
   (``nvidia.com/gpu=0``, ``nvidia.com/gpu=GPU-<uuid>``, a DRA claim's
-  ``k8s.gpu.nvidia.com/claim=<uid>-gpu-N``: exactly those). A claim name is one more name
+  ``k8s.gpu.nvidia.com/claim=<uid>-gpu-N``: exactly those; ``nvidia.com/gpu=all``: every
+  GPU, as ``gpu: true``, whatever is named beside it; a GPU named twice, by the same name or
+  by two of its names, counts once, as the CDI reference library and nvidia-container-toolkit
+  resolve such lists). A claim name is one more name
   of the GPU whose node it holds; since the DRA driver writes a claim's spec just before
   the pod's containers start, a name the worker does not know yet makes the allocator look
   at the specs again before it refuses.
@@ -14,7 +17,7 @@ A pure, deterministic functional core (:func:`decide`) and a small stateful shel
   ``/dev/nvidia*`` node) is refused with why (:func:`substrate_gpu.cdi.refused_devices`).
 - GPUs are never shared: a request that the free GPUs cannot meet **waits** (the machine's
   ``awaiting_gpus`` state, retried when GPUs are freed); one that this worker can never meet
-  (more GPUs than it has, a name it does not have, the same GPU named twice) is **refused**
+  (more GPUs than it has, a name it does not have) is **refused**
   with the reason (``gpus_refused`` → ``failed``).
 - The table is not a second source of truth: it is the projection of the actors' records
   (``gpu_devices``, set by ``gpus_allocated``, held while the actor is in a state the YAML
@@ -67,7 +70,8 @@ class GpuRequest:
     count: int = 0
     """How many GPUs (``gpus: N``); 0 with no names means all of the worker's GPUs."""
     names: tuple[str, ...] = ()
-    """Fully qualified CDI names, each one GPU."""
+    """Fully qualified CDI names: each one GPU (a GPU named twice counts once), or the
+    kind's ``all`` (every GPU)."""
 
     @property
     def everything(self) -> bool:
@@ -205,7 +209,7 @@ def decide(request: GpuRequest, worker: WorkerGpus, taken: Container[str]) -> De
     Pure and deterministic: the same inputs give the same decision.
     """
     total = len(worker.names)
-    if request.names:
+    if request.names and not _names_every_gpu(request.names, worker):
         wanted: list[str] = []
         for name in request.names:
             canonical = worker.aliases.get(name)
@@ -214,9 +218,8 @@ def decide(request: GpuRequest, worker: WorkerGpus, taken: Container[str]) -> De
                 if why is not None:
                     return Refused(f"{name!r} is not a GPU this worker can give: {why}")
                 return Refused(f"this worker has no GPU named {name!r}")
-            if canonical in wanted:
-                return Refused(f"{name!r} names GPU {canonical!r} a second time")
-            wanted.append(canonical)
+            if canonical not in wanted:  # index, UUID, claim: one GPU, counted once
+                wanted.append(canonical)
         busy = [n for n in wanted if n in taken]
         if busy:
             return Wait(f"GPU(s) {', '.join(busy)} held by other actors")
@@ -224,13 +227,25 @@ def decide(request: GpuRequest, worker: WorkerGpus, taken: Container[str]) -> De
         return Granted(tuple(sorted(wanted, key=order.__getitem__)))
     if total == 0:
         return Refused("this worker has no GPU")
-    count = total if request.everything else request.count
+    count = total if request.everything or request.names else request.count
     if count > total:
         return Refused(f"{count} GPU(s) requested, this worker has {total}")
     free = [n for n in worker.names if n not in taken]
     if len(free) < count:
         return Wait(f"{count} GPU(s) requested, {len(free)} of {total} free")
     return Granted(tuple(free[:count]))
+
+
+def _names_every_gpu(names: Sequence[str], worker: WorkerGpus) -> bool:
+    """Whether ``names`` holds the ``all`` device of the worker's GPUs' kind
+    (``nvidia.com/gpu=all``): every GPU of the worker, as ``gpu: true``, whatever else is
+    named beside it (the CDI reference library and nvidia-container-toolkit both resolve
+    ``all`` plus more names to the union: every GPU)."""
+    kinds = {n.partition("=")[0] for n in worker.names}
+    return any(
+        device == cdi.ALL_DEVICES and (kind in kinds or not kinds)
+        for kind, _, device in (n.partition("=") for n in names)
+    )
 
 
 class GpuDiscovery(Protocol):
@@ -278,7 +293,10 @@ class GpuAllocator:
         claim's spec written since), ask ``discover`` again; otherwise a no-op."""
         if self._discover is None:
             return
-        if self.unknown is None and all(n in self.worker.aliases for n in names):
+        known = self.worker.aliases
+        if self.unknown is None and all(
+            n in known or _names_every_gpu((n,), self.worker) for n in names
+        ):
             return
         try:
             worker = await self._discover()

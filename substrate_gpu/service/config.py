@@ -15,6 +15,11 @@ DEFAULT_CHECKPOINT_ROOT: Final = Path("/var/lib/substrate-gpu/checkpoints")
 DEFAULT_CDI_OUTPUT_DIR: Final = Path("/var/run/cdi")
 DEFAULT_DRAIN_TIMEOUT: Final = _defaults.DRAIN_TIMEOUT_S
 DEFAULT_MAX_CLIENTS: Final = 256
+DEFAULT_MAX_WORKER_CLIENTS: Final = 64
+"""atelet holds one connection to its worker (one gRPC channel): 64 is room for tools and
+reconnects, and keeps a flood of connections far below a 1024-descriptor limit."""
+MAX_WORKER_CLIENTS_LIMIT: Final = 2**31 - 2
+"""gRPC core takes the bound as a C int below INT_MAX."""
 DEFAULT_IDLE_TIMEOUT: Final = 300.0
 DEFAULT_LINE_TIMEOUT: Final = 10.0
 DEFAULT_LIVENESS_TIMEOUT: Final = 10.0
@@ -62,6 +67,8 @@ class AgentConfig:
     """On SIGTERM/SIGINT: seconds to let running effects finish before closing."""
     max_clients: int = DEFAULT_MAX_CLIENTS
     """Socket clients served at once; one more is answered ``busy`` and disconnected."""
+    max_worker_clients: int = DEFAULT_MAX_WORKER_CLIENTS
+    """Worker socket connections held at once; one more is closed as it is accepted."""
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     """Seconds a socket client may stay connected without sending a byte."""
     line_timeout: float = DEFAULT_LINE_TIMEOUT

@@ -787,13 +787,23 @@ async def _serve(
                 runtime=running.runtime,
             )
             await doors.enter_async_context(
-                worker_api.serving(worker, config.worker_socket, _claim_socket_path, worker_calls)
+                worker_api.serving(
+                    worker,
+                    config.worker_socket,
+                    _claim_socket_path,
+                    worker_calls,
+                    max_clients=config.max_worker_clients,
+                )
             )
         async with anyio.create_task_group() as intake:
             intake.start_soon(_watch_signals, running.stop)
             if config.socket is not None:
                 await intake.start(
                     serve_socket, running.service, config.socket, ClientLimits.of(config)
+                )
+            if worker is not None and config.worker_socket is not None:
+                intake.start_soon(
+                    worker_api.watch_connections, config.worker_socket, config.max_worker_clients
                 )
             if worker is not None and config.atelet_socket is not None:
                 # Once the worker API serves: atelet may place an actor when it accepts.

@@ -10,12 +10,15 @@ request field (or the file) at fault, which the servicer answers with ``INVALID_
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+from google.protobuf import descriptor, message
 
 from substrate_gpu import _bundle, exceptions
 from substrate_gpu.cdi import names
@@ -47,9 +50,68 @@ ACTOR_DIRS: Final = (
     "volumes_dir",
 )
 
+#: The identity strings every request carries (kept on the actor, in the event log, echoed
+#: in stats samples). Kubernetes names are at most 253 bytes and UIDs 36: 1 KiB each is room
+#: to spare, and five of them stay far inside the JSON door's 64 KiB line.
+IDENTITY_FIELDS: Final = (
+    "atespace",
+    "actor_name",
+    "actor_uid",
+    "actor_template_atespace",
+    "actor_template_name",
+)
+IDENTITY_BYTES_MAX: Final = 1024
+#: Any other string of a request (paths, container and volume names): a path's bound on
+#: Linux (``PATH_MAX``, 4096 bytes with its NUL).
+STRING_BYTES_MAX: Final = 4096
+
 
 class BadRequest(exceptions.SubstrateGpuError):
     """A request field (or a file it points at) is not usable: INVALID_ARGUMENT."""
+
+
+def check_sizes(request: message.Message) -> None:
+    """Refuse a request with a string over its bound, naming the field and the bound (never
+    the value: the refusal is logged). Before anything else reads the request."""
+    for where, value in _strings(request, ""):
+        bound = IDENTITY_BYTES_MAX if where in IDENTITY_FIELDS else STRING_BYTES_MAX
+        if len(value) * 4 <= bound:
+            continue  # at most 4 bytes a character: within its bound, not encoded
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > bound:
+            kind = "an identity string" if bound == IDENTITY_BYTES_MAX else "a string"
+            raise BadRequest(f"{where} is {size} bytes: at most {bound} ({kind}) is accepted")
+
+
+@functools.cache
+def _is_map_entry(message_type: descriptor.Descriptor) -> bool:
+    # GetOptions builds an options message per call: asked once per message type.
+    return bool(message_type.GetOptions().map_entry)
+
+
+def _strings(msg: message.Message, prefix: str) -> Iterator[tuple[str, str]]:
+    """Every string set in ``msg`` (nested messages, lists and maps included), by field path."""
+    for field, value in msg.ListFields():
+        where = f"{prefix}{field.name}"
+        entry_type = field.message_type
+        if entry_type is not None and _is_map_entry(entry_type):
+            value_field = entry_type.fields_by_name["value"]
+            for key, item in value.items():
+                entry = f"{where}[{key[:64]!r}]" if isinstance(key, str) else f"{where}[{key}]"
+                if isinstance(key, str):
+                    yield f"{where} key", key
+                if value_field.type == descriptor.FieldDescriptor.TYPE_MESSAGE:
+                    yield from _strings(item, f"{entry}.")
+                elif isinstance(item, str):
+                    yield entry, item
+            continue
+        items = list(value) if field.is_repeated else [value]
+        for i, item in enumerate(items):
+            at = f"{where}[{i}]" if field.is_repeated else where
+            if isinstance(item, message.Message):
+                yield from _strings(item, f"{at}.")
+            elif isinstance(item, str):
+                yield at, item
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,31 @@ def test_a_name_requested_twice_counts_once(four):
     assert cdi.edits_for_devices(four, ["nvidia.com/gpu=1", "nvidia.com/gpu=1"]) == once
 
 
+def test_one_gpu_by_its_index_and_its_uuid_counts_once(four):
+    """Two names of one GPU (nvidia-ctk's index and UUID entries, the same edits): that
+    GPU's edits once, as the CDI reference library's result holds each node once."""
+    gpu = cdi.list_gpus(four)[1]
+    (uuid,) = [n for n in gpu.names if "=GPU-" in n]
+    once = cdi.edits_for_devices(four, ["nvidia.com/gpu=1"])
+    assert cdi.edits_for_devices(four, ["nvidia.com/gpu=1", uuid]) == once
+    assert cdi.edits_for_devices(four, [uuid, "nvidia.com/gpu=1"]) == cdi.edits_for_devices(
+        four, [uuid]
+    )
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        pytest.param(["nvidia.com/gpu=all", "nvidia.com/gpu=1"], id="all-then-an-index"),
+        pytest.param(["nvidia.com/gpu=1", "nvidia.com/gpu=all"], id="an-index-then-all"),
+        pytest.param(["nvidia.com/gpu=all", "nvidia.com/gpu=all"], id="all-twice"),
+    ],
+)
+def test_all_beside_other_names_is_all(four, names):
+    """``all`` with a GPU's name beside it is ``all``: every node once, no hook twice."""
+    assert cdi.edits_for_devices(four, names) == cdi.edits_for_all(four.specs[0])
+
+
 def test_all_by_name_is_the_all_path(four):
     """Requesting nvidia.com/gpu=all gives exactly what edits_for_all gives."""
     assert cdi.edits_for_devices(four, ["nvidia.com/gpu=all"]) == cdi.edits_for_all(four.specs[0])

@@ -96,6 +96,18 @@ def test_a_torn_tail_is_a_warning_and_exit_0(
     assert "final: registered" in captured.out
 
 
+def test_a_line_missing_from_the_middle_is_a_warning_naming_its_seq(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Seq 2 deleted between 1 and 3: replayed without it, the warning names it."""
+    log = logs.write_lines(
+        tmp_path / "events.jsonl", logs.header(), logs.registered("a", 1), logs.registered("c", 3)
+    )
+    assert _run(str(log)) == 0
+    captured = capsys.readouterr()
+    assert "warning" in captured.err and "seq 2 missing from the log" in captured.err
+
+
 def test_a_corrupt_log_exits_1_naming_the_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

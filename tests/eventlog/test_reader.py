@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import structlog.testing
 
 from eventlog import logs
 from substrate_gpu import eventlog
@@ -229,3 +230,62 @@ def test_seq_order_is_checked_across_rejection_lines(log_path: Path) -> None:
     with pytest.raises(eventlog.CorruptLogError, match="does not follow seq 2") as info:
         read_log(log_path)
     assert info.value.line == 4
+
+
+# --- lines missing from the middle (issue 30 item 7) ------------------------------------------
+
+
+def test_a_complete_log_misses_nothing(log_path: Path) -> None:
+    """Seqs 1, 2 after base 0: nothing missing."""
+    _good(log_path)
+    contents = read_log(log_path)
+    assert (contents.missing, contents.describe_missing()) == ((), "")
+
+
+@pytest.mark.parametrize(
+    ("seqs", "missing", "described"),
+    [
+        pytest.param([1, 3, 4], ((2, 2),), "seq 2", id="one-line"),
+        pytest.param([1, 5, 6, 8], ((2, 4), (7, 7)), "seqs 2 to 4, 7", id="two-gaps"),
+        pytest.param([2, 3], ((1, 1),), "seq 1", id="the-first-line"),
+    ],
+)
+def test_lines_taken_from_the_middle_are_named_by_their_seqs(
+    log_path: Path, seqs: list[int], missing: tuple[tuple[int, int], ...], described: str
+) -> None:
+    """Seqs are handed out one by one and every accepted one is logged: a gap below the
+    last event is a line taken out (never a crash, which only tears the last line)."""
+    logs.write_lines(log_path, logs.header(), *(logs.registered(f"a{s}", s) for s in seqs))
+    contents = read_log(log_path)
+    assert contents.missing == missing
+    assert contents.describe_missing() == described
+    assert contents.torn_tail is None
+
+
+def test_a_torn_tail_is_not_a_gap(log_path: Path) -> None:
+    """The torn last line is reported as such, never as missing seqs."""
+    logs.write_lines(
+        log_path, logs.header(), logs.registered("a", 1), logs.registered("b", 2), tail='{"ty'
+    )
+    contents = read_log(log_path)
+    assert contents.torn_tail is not None and contents.missing == ()
+
+
+async def test_opening_a_log_with_a_line_deleted_from_the_middle_warns_naming_it(
+    log_path: Path, tmp_path: Path
+) -> None:
+    """A real run's log with one event line deleted from the middle: the writer opens it,
+    warns naming the missing seq, and appends after the last."""
+    await logs.short_life(log_path, tmp_path, rotate_bytes=None)
+    lines = log_path.read_text().splitlines(keepends=True)
+    events_at = [i for i, line in enumerate(lines) if '"seq":' in line]
+    gone = events_at[len(events_at) // 2]
+    seq = json.loads(lines[gone])["seq"]
+    log_path.write_text("".join(lines[:gone] + lines[gone + 1 :]))
+    with structlog.testing.capture_logs() as captured:
+        async with await EventLog.open(log_path, rotate_bytes=None) as log:
+            last = log.last_seq
+    [warning] = [e for e in captured if e["event"] == "event log is missing events"]
+    assert warning["missing"] == f"seq {seq}"
+    assert warning["log_level"] == "warning"
+    assert last == read_log(log_path).last_seq > seq

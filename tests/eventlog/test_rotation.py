@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,32 @@ def test_a_snapshot_written_before_pid_tracked_contexts_still_reads(tmp_path: Pa
     assert (view.state, view.checkpoint, view.checkpoint_cuda_pids, view.context_pids) == (
         "suspended", "/ck/a/1", "", "",
     )  # fmt: skip
+
+
+async def test_a_rotation_without_a_descriptor_is_postponed_not_fatal(
+    log_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EMFILE writing the snapshot (the only step that opens files before anything is
+    switched) postpones the rotation: every record is still acknowledged, a later batch
+    rotates, and the log replays to the same states."""
+    reference = tmp_path / "reference" / "events.jsonl"
+    await logs.short_life(reference, tmp_path / "reference", rotate_bytes=None)
+    real = writer.write_snapshot_step
+    refused = 0
+
+    def no_descriptor(*args: object, **kwargs: object) -> Path:
+        nonlocal refused
+        if refused < 3:
+            refused += 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer, "write_snapshot_step", no_descriptor)
+    monkeypatch.setattr(writer, "ROTATE_RETRY", 0.0)
+    async with await EventLog.open(log_path, rotate_bytes=1500) as log:
+        for event in read_log(reference).events:
+            await log.record(event)
+        assert log.rotations >= 1
+    assert refused == 3
+    assert read_log(log_path).header.base_seq > 0
+    assert replay(log_path).actors == replay(reference).actors

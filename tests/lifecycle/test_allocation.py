@@ -85,10 +85,6 @@ def test_a_held_gpu_makes_the_request_wait_with_the_reason() -> None:
             GpuRequest(names=("nvidia.com/gpu=7",)),
             "this worker has no GPU named 'nvidia.com/gpu=7'",
         ),
-        (
-            GpuRequest(names=("nvidia.com/gpu=1", "nvidia.com/gpu=GPU-bbbb")),
-            "'nvidia.com/gpu=GPU-bbbb' names GPU 'nvidia.com/gpu=1' a second time",
-        ),
     ],
 )
 def test_a_request_the_worker_can_never_meet_is_refused(request_: GpuRequest, reason: str) -> None:
@@ -97,6 +93,49 @@ def test_a_request_the_worker_can_never_meet_is_refused(request_: GpuRequest, re
 
 def test_a_worker_without_gpus_refuses_every_request() -> None:
     assert decide(GpuRequest(), WorkerGpus.named([]), set()) == Refused("this worker has no GPU")
+    everything = GpuRequest(names=("nvidia.com/gpu=all",))
+    assert decide(everything, WorkerGpus.named([]), set()) == Refused("this worker has no GPU")
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        pytest.param(("nvidia.com/gpu=1", "nvidia.com/gpu=GPU-bbbb"), id="index-and-uuid"),
+        pytest.param(("nvidia.com/gpu=GPU-bbbb", "nvidia.com/gpu=1"), id="uuid-and-index"),
+        pytest.param(("nvidia.com/gpu=1", "nvidia.com/gpu=1"), id="the-same-name-twice"),
+    ],
+)
+def test_one_gpu_named_twice_counts_once(names: tuple[str, ...]) -> None:
+    """Two names of one GPU (or one name twice) ask for that GPU, once: the CDI reference
+    library and nvidia-container-toolkit resolve such a list to the one device."""
+    assert decide(GpuRequest(names=names), _worker(), set()) == Granted(("nvidia.com/gpu=1",))
+    held = decide(GpuRequest(names=names), _worker(), {"nvidia.com/gpu=1"})
+    assert held == Wait("GPU(s) nvidia.com/gpu=1 held by other actors")
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        pytest.param(("nvidia.com/gpu=all",), id="all"),
+        pytest.param(("nvidia.com/gpu=0", "nvidia.com/gpu=all"), id="an-index-and-all"),
+        pytest.param(("nvidia.com/gpu=all", "nvidia.com/gpu=GPU-bbbb"), id="all-and-a-uuid"),
+    ],
+)
+def test_all_by_name_is_every_gpu_like_gpu_true(names: tuple[str, ...]) -> None:
+    """``nvidia.com/gpu=all`` is ``gpu: true`` by name, whatever is named beside it: every
+    GPU when all are free, a wait while one is held."""
+    request = GpuRequest(names=names)
+    assert decide(request, _worker(), set()) == decide(GpuRequest(), _worker(), set())
+    assert decide(request, _worker(), set()) == Granted(FOUR.names)
+    assert decide(request, _worker(), {"nvidia.com/gpu=3"}) == Wait(
+        "4 GPU(s) requested, 3 of 4 free"
+    )
+
+
+def test_all_of_another_kind_is_not_this_workers() -> None:
+    """``all`` names every GPU only of the worker's own kind."""
+    got = decide(GpuRequest(names=("amd.com/gpu=all",)), _worker(), set())
+    assert got == Refused("this worker has no GPU named 'amd.com/gpu=all'")
 
 
 requests = st.one_of(

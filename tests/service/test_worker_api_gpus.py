@@ -110,6 +110,46 @@ def test_cdi_requests_get_exactly_those_gpus_through_the_allocator(worker, agent
         )
 
 
+def _uuid_name(cdi_dir: Path, index: int) -> str:
+    """GPU ``index``'s UUID name in the worker's generated spec."""
+    spec = json.loads((cdi_dir / "nvidia.json").read_text())
+    [name] = [
+        d["name"]
+        for d in spec["devices"]
+        if d["name"].startswith("GPU-")
+        and any(n["path"] == f"/dev/nvidia{index}" for n in d["containerEdits"]["deviceNodes"])
+    ]
+    return f"nvidia.com/gpu={name}"
+
+
+@pytest.mark.parametrize(
+    ("request_", "gpus"),
+    [
+        pytest.param("nvidia.com/gpu=all", [0, 1, 2, 3], id="all"),
+        pytest.param("nvidia.com/gpu=2,nvidia.com/gpu=all", [0, 1, 2, 3], id="an-index-and-all"),
+        pytest.param("nvidia.com/gpu=2,{uuid2}", [2], id="one-gpu-by-index-and-uuid"),
+        pytest.param("nvidia.com/gpu=2,nvidia.com/gpu=2", [2], id="one-name-twice"),
+    ],
+)
+def test_all_by_name_is_every_gpu_and_a_gpu_named_twice_counts_once(
+    worker, tmp_path, request_, gpus
+):
+    """docs/gpu-injection.md: ``nvidia.com/gpu=all`` is "all of the worker's GPUs" by name
+    (whatever is named beside it), and one GPU named twice (its index and its UUID) is that
+    GPU once, as the CDI reference library and nvidia-container-toolkit resolve them."""
+    annotation = request_.format(uuid2=_uuid_name(tmp_path / "cdi", 2))
+    actor = Actor(
+        tmp_path / "names", uid="names", annotations={"cdi.k8s.io/app": annotation}
+    ).prepare()
+    request = actor.run(runsc_path=str(tmp_path / "bin" / "runsc"))  # the agent's --runsc
+    assert status_of(worker.RunWorkload, request) == (grpc.StatusCode.OK, "")
+    assert gpus_in(actor.bundles / "app") == gpus
+    config = json.loads((actor.bundles / "app" / "config.json").read_text())
+    paths = [d["path"] for d in config["linux"]["devices"]]
+    assert len(paths) == len(set(paths))  # each node once
+    assert _no_gpu_in(actor.bundles / "_pause")
+
+
 def test_a_live_cuda_context_with_no_suspend_route_is_refused_and_keeps_running(
     worker, agent, tmp_path
 ):
