@@ -10,7 +10,8 @@ Each rule and its reason (see docs/gpu-injection.md):
 - Devices go to ``linux.devices`` (replacing an entry at the same path) **and** block and
   char devices get a matching cgroup allow rule in ``linux.resources.devices``; without the
   rule the actor sees the node and gets EPERM. A FIFO (``p``) gets no rule (the reference
-  adds rules for ``b``/``c`` only). A node without uid/gid takes the process's, when
+  adds rules for ``b``/``c`` only), nor does a node the spec gives ``permissions: none``
+  (the node without access, CDI v1.1.1+). A node without uid/gid takes the process's, when
   non-zero (so a non-root actor owns its GPU node, as with the reference).
 - A bundle that already holds a GPU node (``/dev/nvidiaN``) the plan does not grant is
   refused: injecting GPU 1 next to an earlier injection's GPU 2 would hand out two GPUs.
@@ -367,7 +368,10 @@ def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False
 
     rules = _list(_child(linux, "resources", ".linux"), "devices", ".linux.resources")
     for device in plan.devices:
-        if device.type not in CGROUP_TYPES:
+        if device.type not in CGROUP_TYPES or not device.permissions:
+            # No access ("none"): the reference writes an allow rule with empty access,
+            # which grants nothing and which runc refuses ("device access at 4 field
+            # cannot be empty"); no rule at all is the same policy, and runs.
             continue
         rule = _cgroup_rule(device)
         if rule not in rules:

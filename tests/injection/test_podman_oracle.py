@@ -323,3 +323,38 @@ def test_mount_replacement_and_order_match_the_reference(podman, tmp_path):
     assert [m["source"] for m in reference["mounts"] if m["destination"] == "/dev/shm"] == [
         str(shm)
     ]
+
+
+def test_empty_permissions_are_rwm_like_the_reference(podman, tmp_path):
+    """``permissions: ""`` is the default ``rwm`` in podman 4.3's library as in v1.1.2."""
+    kind = cdi_oracle.unique_kind()
+    spec = single_device_spec(kind, {"deviceNodes": [{"path": "/dev/null", "permissions": ""}]})
+    reference = podman.reference_config({"spec": spec}, [f"{kind}=d"])
+    mine = ours(tmp_path, _edits(spec))
+    assert rules(mine) == rules(reference) == [("c", 1, 3, "rwm")]
+
+
+@pytest.mark.parametrize(
+    ("node", "refusal"),
+    [
+        # Its cache drops the invalid spec, so the device is "unresolvable".
+        pytest.param({"permissions": "none"}, "unresolvable CDI devices", id="none"),
+        pytest.param({"type": "c", "major": -1, "minor": 3}, None, id="negative-major"),
+    ],
+)
+def test_where_podmans_older_library_differs_from_v1_1_2(podman, tmp_path, node, refusal):
+    """podman 4.3.1 embeds the pre-rename library (github.com/container-orchestrated-devices,
+    v0.5 era): it refuses ``"none"`` (v1.1.1 added it) and accepts a negative major (v1.1.2
+    refuses it). We follow v1.1.2 in both; this pins down the oracle's age, so a newer podman
+    that agrees shows up as a failure to update these notes."""
+    kind = cdi_oracle.unique_kind()
+    spec = single_device_spec(kind, {"deviceNodes": [{"path": "/dev/null", **node}]})
+    if refusal is not None:
+        with pytest.raises(cdi_oracle.OracleRefused, match=refusal):
+            podman.reference_config({"spec": spec}, [f"{kind}=d"])
+        assert _edits(spec).device_nodes[0].permissions == "none"
+        return
+    reference = podman.reference_config({"spec": spec}, [f"{kind}=d"])
+    assert ("c", -1, 3) in {r[:3] for r in rules(reference)}
+    with pytest.raises(exceptions.CdiSpecError, match="negative device number"):
+        _edits(spec)

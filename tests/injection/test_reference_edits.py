@@ -72,6 +72,21 @@ def rules(config: dict) -> list[dict]:
             id="permissions-become-the-rule-access",
         ),
         pytest.param(
+            model.DeviceNode("/dev/nil", type="c", major=1, minor=3, permissions="none"),
+            {},
+            {"path": "/dev/nil", "type": "c", "major": 1, "minor": 3},
+            # The reference's rule with empty access, which runc refuses: no rule instead.
+            [],
+            id="v1.1.2-explicitly-empty-permissions-grant-no-access",
+        ),
+        pytest.param(
+            model.DeviceNode("/dev/nil", type="c", major=1, minor=3, permissions=None),
+            {},
+            {"path": "/dev/nil", "type": "c", "major": 1, "minor": 3},
+            [{"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"}],
+            id="v1.1.2-omitted-permissions-are-rwm",
+        ),
+        pytest.param(
             NULL,
             user(1000, 1000),
             {
