@@ -268,6 +268,68 @@ def test_spec_mount_replaces_a_mount_at_the_same_destination(host):
     ]
 
 
+# --- mounts in a user namespace (id-mapped) -------------------------------------------------
+
+UID_MAP = [{"containerID": 0, "hostID": 1000, "size": 999}]
+GID_MAP = [{"containerID": 0, "hostID": 2000, "size": 777}]
+USERNS = [{"type": "user", "path": "/foo/bar"}]
+
+
+@pytest.mark.parametrize(
+    ("linux", "expected_options"),
+    [
+        pytest.param(
+            {"uidMappings": UID_MAP, "gidMappings": GID_MAP, "namespaces": USERNS},
+            [["idmap"], ["rbind", "ridmap"]],
+            id="uid-gid-mappings-idmap-and-ridmap",
+        ),
+        # v1.1.2: runc refuses an id-mapped mount unless both mappings are present.
+        pytest.param(
+            {"uidMappings": UID_MAP, "namespaces": USERNS},
+            [[], ["rbind"]],
+            id="v1.1.2-only-uid-mappings-none",
+        ),
+        pytest.param({"namespaces": USERNS}, [[], ["rbind"]], id="v1.1.2-no-mappings-none"),
+        pytest.param({}, [[], ["rbind"]], id="no-user-namespace-none"),
+    ],
+)
+def test_bind_mounts_are_id_mapped_in_a_full_user_namespace(host, linux, expected_options):
+    """TestApplyContainerEdits' user-namespace rows: a bind mount gets idmap, an rbind one
+    ridmap, only when the user namespace has both uid and gid mappings."""
+    edits = model.ContainerEdits(
+        device_nodes=(NULL,),
+        mounts=(
+            model.Mount("/some/host/path3", "/dest/path/a", type="bind"),
+            model.Mount("/some/host/path4", "/dest/path/d", type="bind", options=("rbind",)),
+        ),
+    )
+    result = apply(host, edits, {"linux": dict(linux)})
+    assert [m["options"] for m in result["mounts"]] == expected_options
+
+
+@pytest.mark.parametrize(
+    ("mount_", "expected"),
+    [
+        pytest.param(
+            model.Mount("/h", "/c", options=("ro",)), ["ro"], id="untyped-without-bind-option"
+        ),
+        pytest.param(
+            model.Mount("/h", "/c", options=("ro", "rbind", "rprivate")),
+            ["ro", "rbind", "rprivate", "ridmap"],
+            id="nvidia-ctk-rbind",
+        ),
+        pytest.param(
+            model.Mount("/h", "/c", type="bind", options=("idmap",)), ["idmap"], id="already"
+        ),
+    ],
+)
+def test_the_id_map_option_follows_the_mounts_own_options(host, mount_, expected):
+    """nvidia-ctk's untyped ``rbind`` mounts get ``ridmap``; one already mapped is left."""
+    edits = model.ContainerEdits(device_nodes=(NULL,), mounts=(mount_,))
+    config = {"linux": {"uidMappings": UID_MAP, "gidMappings": GID_MAP, "namespaces": USERNS}}
+    assert apply(host, edits, config)["mounts"][0]["options"] == expected
+
+
 # --- additionalGids ------------------------------------------------------------------------
 
 
