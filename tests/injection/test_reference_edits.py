@@ -18,9 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from substrate_gpu import exceptions
+from substrate_gpu import cdi, exceptions
 from substrate_gpu.cdi import model
+from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.injection import devices, oci
+from substrate_gpu.rootfs import SonameCache
+from substrate_gpu.testing import bundles
 
 NULL = model.DeviceNode("/dev/null")
 
@@ -404,3 +407,40 @@ def test_mount_merge_equals_the_reference_stable_sort(existing, added):
     planned = [(m.container_path, m.host_path) for m in plan.mounts]
     expected = sorted(kept + planned, key=lambda pair: posixpath.normpath(pair[0]).count("/"))
     assert [(m["destination"], m["source"]) for m in result["mounts"]] == expected
+
+
+# --- the parsed spec is never changed by an injection ---------------------------------------
+
+
+def test_injecting_does_not_change_the_shared_spec_or_reuse_stale_host_facts(tmp_path):
+    """The reference's v1.1.2 TestInjectDevicesDoesNotMutateCache: a node resolved from the
+    host (a FIFO) leaves the cached spec's node as written, and once the host file is no
+    longer a device node the next injection through the same caches fails, not reusing
+    what the first one read."""
+    fifo = tmp_path / "dev0"
+    os.mkfifo(fifo, 0o600)
+    specs = tmp_path / "cdi"
+    specs.mkdir()
+    (specs / "vendor1.yaml").write_text(
+        f'cdiVersion: "0.3.0"\nkind: "vendor1.com/device"\ndevices:\n  - name: "dev0"\n'
+        f"    containerEdits:\n      deviceNodes:\n      - path: {fifo}\n"
+    )
+    reader = cdi.SpecDirReader([specs])
+    edits = cdi.edits_for_devices(reader.read(), ["vendor1.com/device=dev0"])
+    plans = bundle_.PlanCache()
+    options = bundle_.InjectionOptions(driver_root="/usr/local/nvidia", dev_root=Path("/"))
+    first = bundles.make_bundle(tmp_path / "b1", ["true"])
+    report = bundle_.inject_gpu(
+        first, edits, options=options, soname_cache=SonameCache(), plan_cache=plans
+    )
+    assert [(d.path, d.type) for d in report.devices] == [(str(fifo), "p")]
+    assert report.devices[0].file_mode == 0o600
+    (cached,) = cdi.edits_for_devices(reader.read(), ["vendor1.com/device=dev0"]).device_nodes
+    assert cached == model.DeviceNode(str(fifo))
+    fifo.unlink()
+    fifo.write_bytes(b"")
+    second = bundles.make_bundle(tmp_path / "b2", ["true"])
+    with pytest.raises(exceptions.DeviceResolutionError, match="is not a device node"):
+        bundle_.inject_gpu(
+            second, edits, options=options, soname_cache=SonameCache(), plan_cache=plans
+        )
