@@ -276,3 +276,34 @@ def test_a_node_with_no_permissions_exists_but_cannot_be_opened(
     out = dict(line.split(" ", 1) for line in lines if line.startswith("/dev/"))
     assert "Operation not permitted" in out["/dev/nvidia0"]
     assert "No such device or address" in out["/dev/nvidiactl"]
+
+
+def test_a_toolkit_1_20_2_spec_runs_in_runc_with_its_void_mount_and_no_memory_hook(
+    gpu_node, runc_path, tmp_path
+):
+    """The 1.20.2 shape end to end: the createRuntime apply-cuda-memory-limits hook is not in
+    the bundle (no host-side NVML call), the void mount device is a read-only /dev/null in
+    the actor, and the GPU still passes the cgroup (ENXIO: no driver behind it here)."""
+    spec = generate_spec(gpu_node, tmp_path / "cdi", toolkit_version="1.20.2")
+    gpu = next(d for d in spec.devices if d.name == "all")
+    assert [h.args[1] for h in gpu.container_edits.hooks] == ["apply-cuda-memory-limits"]
+    script = (
+        "v=/var/run/nvidia-container-devices/void; stat -c '%F %t %T' $v;"
+        " grep \" $v \" /proc/mounts | cut -d' ' -f4 | tr , '\\n' | grep -x ro;"
+        " ( : < /dev/nvidia0 ) 2>&1; true"
+    )
+    bundle = bundles.make_bundle(tmp_path / "bundle", ["sh", "-c", script])
+    report = bundle_.inject_gpu(
+        bundle,
+        cdi.edits_for_all(spec),
+        options=injection_options(gpu_node),
+        soname_cache=SonameCache(),
+    )
+    assert "apply-cuda-memory-limits" in report.hooks_skipped
+    config = json.loads((bundle / "config.json").read_text())
+    argvs = [h["args"] for point in config.get("hooks", {}).values() for h in point]
+    assert not [a for a in argvs if "apply-cuda-memory-limits" in a]
+    lines = runc_bundle.run_to_completion(runc_path, bundle, tmp_path / "runc-state")
+    assert lines[0] == "character special file 1 3"
+    assert lines[1] == "ro"
+    assert "No such device or address" in lines[2]

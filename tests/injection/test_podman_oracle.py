@@ -156,6 +156,36 @@ def test_devices_rules_and_mounts_match_the_reference(podman, tmp_path, toolkit_
     ]
 
 
+def test_a_toolkit_1_20_2_spec_matches_the_reference_but_for_the_memory_hook(podman, tmp_path):
+    """The 1.20.2 shape: the same nodes, rules and mounts as the reference, the void mount
+    included; the reference keeps one createRuntime apply-cuda-memory-limits per GPU, we
+    keep none (skipped: docs/gpu-injection.md)."""
+    sim = node_.build_node(tmp_path / "node", gpus=(0, 2))
+    spec = generate(sim, tmp_path / "spec.json", "1.20.2")
+    reference = podman.reference_config({"spec": spec}, [f"{spec['kind']}=all"])
+    mine = ours(
+        tmp_path,
+        cdi.edits_for_all(cdi.parse_spec(json.dumps(spec))),
+        driver_root=str(sim.driver_root),
+    )
+    assert devices(mine) == devices(reference)
+    assert rules(mine) == rules(reference)
+    assert (
+        mounts_from(mine, "/dev/null")
+        == mounts_from(reference, "/dev/null")
+        == [
+            (
+                "/var/run/nvidia-container-devices/void",
+                "/dev/null",
+                ("ro", "nosuid", "nodev", "bind"),
+            )
+        ]
+    )
+    runtime_hooks = [h["args"][1:] for h in reference["hooks"]["createRuntime"]]
+    assert [h[0] for h in runtime_hooks] == ["apply-cuda-memory-limits"] * 2
+    assert "createRuntime" not in mine.get("hooks", {})
+
+
 @pytest.fixture(scope="module")
 def four_gpu_node(tmp_path_factory) -> tuple[node_.SimulatedNode, dict]:
     """A simulated 4-GPU node and the stand-in's spec for it."""
