@@ -6,7 +6,10 @@ Three questions, each a pure decision on plain facts, with thin readers beside t
   driver version and lists them (``runsc nvproxy list-supported-drivers``). An unlisted
   driver makes ``runsc create --nvproxy`` fail deep in sandbox boot; we refuse first, with
   a message that says what to do. (A runsc without the list cannot be asked: the check is
-  skipped and runsc's own ``unsupported Nvidia driver version`` remains, typed.)
+  skipped and runsc's own ``unsupported Nvidia driver version`` remains, typed.) The list
+  is the same on every architecture, but some versions exist for one only
+  (:data:`DRIVER_ARCHITECTURE`: the pin's 615 and 620 branches are arm64 builds): on the
+  other they are refused too.
 - **Can this checkpoint be restored here?** nvproxy records the driver ABI in the image and
   a GPU sandbox expects its devices: a restore onto **another driver version** panics
   (``driver version … not found in abis map``), onto **fewer GPUs** fails when the saved
@@ -344,16 +347,59 @@ def decide_driver_version(proc_version: str | None, libcuda_version: str | None)
     return version
 
 
-def check_driver_supported(version: str, supported: tuple[str, ...] | None) -> Refusal | None:
-    """Refuse a driver runsc's nvproxy does not list (``None``: runsc cannot list; no check)."""
-    if supported is None or version in supported:
+#: The drivers the pinned gVisor's nvproxy supports on one architecture only (Go's names).
+#: Its ABI table (``pkg/sentry/devices/nvproxy/version.go``, ``addDriverABI``) records, per
+#: version, the SHA-256 of NVIDIA's ``.run`` installer for x86_64 and for arm64, and
+#: ``ChecksumNoDriver`` where NVIDIA published none ("mostly for ARM drivers that NVIDIA
+#: does not provide a driver installer"): such a version was qualified on the other
+#: architecture only, although ``runsc nvproxy list-supported-drivers`` lists it on both.
+#: The 615 and 620 branches of the pin are arm64-only builds (Grace); a few 535-580
+#: releases are x86_64-only. ``tests/runsc/test_real_drivers.py`` checks this table against
+#: the pinned source.
+DRIVER_ARCHITECTURE: dict[str, str] = {
+    "535.183.06": "amd64",
+    "550.90.12": "amd64",
+    "570.124.06": "amd64",
+    "570.133.20": "amd64",
+    "580.105.08": "amd64",
+    "580.126.20": "amd64",
+    "615.15.00": "arm64",
+    "615.62.00": "arm64",
+    "620.06.00": "arm64",
+}
+
+
+def _usable_on(version: str, architecture: str) -> bool:
+    return DRIVER_ARCHITECTURE.get(version, architecture) == architecture
+
+
+def check_driver_supported(
+    version: str, supported: tuple[str, ...] | None, *, architecture: str
+) -> Refusal | None:
+    """Refuse a driver runsc's nvproxy does not list (``None``: runsc cannot list; no check),
+    or lists for another ``architecture`` only (:data:`DRIVER_ARCHITECTURE`)."""
+    if supported is None:
         return None
-    same_branch = [v for v in supported if major_of(v) == major_of(version)]
+    here = tuple(v for v in supported if _usable_on(v, architecture))
+    same_branch = [v for v in here if major_of(v) == major_of(version)]
     hint = (
-        f"supported {major_of(version)}.x drivers: {', '.join(same_branch)}"
+        f"supported {major_of(version)}.x drivers on {architecture}: {', '.join(same_branch)}"
         if same_branch
-        else f"runsc supports {len(supported)} drivers, none of the {major_of(version)} branch"
+        else f"runsc supports {len(here)} drivers on {architecture}, none of the"
+        f" {major_of(version)} branch"
     )
+    if version in supported and version not in here:
+        return Refusal(
+            "driver-unsupported",
+            f"NVIDIA driver {version} is listed by this runsc's nvproxy only as an"
+            f" {DRIVER_ARCHITECTURE[version]} build: gVisor's ABI table has no {architecture}"
+            f" installer of it (ChecksumNoDriver), so it was qualified on"
+            f" {DRIVER_ARCHITECTURE[version]} only, and this node is {architecture} ({hint});"
+            " install a driver supported on this architecture — refused before creating any"
+            " sandbox",
+        )
+    if version in supported:
+        return None
     return Refusal(
         "driver-unsupported",
         f"NVIDIA driver {version} is not supported by this runsc's nvproxy ({hint}); "
@@ -501,11 +547,22 @@ def device_map(pairs: tuple[tuple[str, str], ...]) -> str:
     return ",".join(f"{old}={new}" for old, new in pairs)
 
 
-def check_remap(device_map_: str, *, route: str, driver_version: str) -> Refusal | None:
+def check_remap(
+    device_map_: str,
+    *,
+    route: str,
+    driver_version: str,
+    runsc_creates_device_files: bool | None,
+) -> Refusal | None:
     """Refuse restoring CUDA state onto other GPUs where the route cannot (None: no remap
     needed, or it can be done).
 
-    - The exec route passes ``--action restore --device-map`` itself: driver ≥ 580.
+    - The exec route passes ``--action restore --device-map`` itself: driver ≥ 580, and a
+      runsc with google/gvisor#14525 (``runsc_creates_device_files``, detected in the
+      binary: :attr:`~substrate_gpu.runsc.api.RunscFeatures.restore_creates_gpu_device_files`).
+      cuda-checkpoint closed every GPU file before ``runsc checkpoint``, so the image holds
+      no device remap metadata, and a runsc without the fix creates no ``/dev/nvidiaN`` for
+      the restore's other GPUs: the CUDA state would come back with no device to reach.
     - runsc's route restores CUDA processes inside ``runsc restore`` with ``--toggle`` and
       no device map at the pinned gVisor (``pkg/sentry/control/state_cuda.go``: "FIXME:
       b/460451448 - pass --device-map to cuda-checkpoint if accepted"), and ``runsc
@@ -531,6 +588,22 @@ def check_remap(device_map_: str, *, route: str, driver_version: str) -> Refusal
             f"--device-map, NVIDIA driver {CUDA_CHECKPOINT_DEVICE_MAP_MIN_DRIVER} or newer; "
             f"this node runs {driver_version}: restore onto the same GPUs, or on a node with a "
             "newer driver — refused before runsc ran",
+        )
+    if not runsc_creates_device_files:
+        found = (
+            "carries only the remap-metadata-gated createRemappedNvproxyDeviceFiles"
+            if runsc_creates_device_files is False
+            else "shows neither createNvproxyDeviceFilesAfterRestore nor"
+            " createRemappedNvproxyDeviceFiles, so whether it has the fix cannot be told"
+        )
+        return Refusal(
+            "restore-gpu-remap",
+            f"restoring CUDA state onto other GPUs ({device_map_}) from an image saved after "
+            "cuda-checkpoint (no GPU file open, so no device remap metadata) needs a runsc "
+            "that creates /dev/nvidiaN for the restore's GPUs regardless of that metadata "
+            f"(google/gvisor#14525); this runsc {found}: without it the restored sandbox has "
+            "no device files for the new GPUs. Restore onto the same GPUs, or upgrade runsc "
+            "— refused before runsc ran",
         )
     return None
 
@@ -736,10 +809,16 @@ async def preflight_host(
     driver_root: Path,
     proc_version: Path = PROC_VERSION,
     dev_root: Path = Path("/"),
+    architecture: str | None = None,
 ) -> HostGpuFacts | Refusal:
-    """Before ``create``/``restore`` of a GPU sandbox: the host's facts, or why to refuse."""
+    """Before ``create``/``restore`` of a GPU sandbox: the host's facts, or why to refuse.
+    ``architecture``: Go's name for this host's (default: :func:`host_architecture`)."""
     facts = host_facts(driver_root=driver_root, proc_version=proc_version, dev_root=dev_root)
     if isinstance(facts, Refusal):
         return facts
-    refusal = check_driver_supported(facts.driver_version, await supported_drivers(runtime))
+    refusal = check_driver_supported(
+        facts.driver_version,
+        await supported_drivers(runtime),
+        architecture=architecture or host_architecture(),
+    )
     return refusal or facts

@@ -29,6 +29,7 @@ from substrate_gpu.cdi.gpus import (
 )
 from substrate_gpu.cdi.model import (
     ALL_DEVICES,
+    NO_PERMISSIONS,
     ContainerEdits,
     Device,
     DeviceNode,
@@ -54,6 +55,7 @@ __all__ = [
     "DRA_CLAIM_KIND",
     "KNOWN_VERSIONS",
     "MAX_SPEC_BYTES",
+    "NO_PERMISSIONS",
     "NVIDIA_GPU_KIND",
     "ContainerEdits",
     "Device",

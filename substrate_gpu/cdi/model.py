@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 #: ("GPU-…") and MIG devices that repeat the same nodes; a worker gets all its GPUs.
 ALL_DEVICES = "all"
 
+#: ``permissions`` asking for a device cgroup rule that grants no access (the reference's
+#: ``NoPermissions``, v1.1.1): the node exists in the container, opening it is refused.
+NO_PERMISSIONS = "none"
+
 
 @dataclass(frozen=True)
 class DeviceNode:
@@ -34,7 +38,8 @@ class DeviceNode:
     file_mode: int | None = None
     """``fileMode``: permission bits of the node inside the container."""
     permissions: str | None = None
-    """``permissions``: cgroup access, a non-empty subset of ``rwm``."""
+    """``permissions``: cgroup access, a subset of ``rwm``, or ``"none"`` (a rule granting
+    nothing); ``None`` when omitted or ``""`` (the default, ``rwm``)."""
     uid: int | None = None
     """``uid``: owner inside the container."""
     gid: int | None = None

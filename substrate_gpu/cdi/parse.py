@@ -85,6 +85,8 @@ _NET_DEVICE_FIELDS: Final = bodies.fields_of(bodies.NetDeviceBody)
 
 _V110: Final = versions.as_tuple("1.1.0")
 
+_DEVICE_NUMBERS: Final = frozenset({"a device major", "a device minor"})
+
 
 # --------------------------------------------------------------------------- decoding
 
@@ -226,6 +228,13 @@ class _Reader:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(path, f"expected an integer, got {_describe(value)}")
+        if value < 0 and what in _DEVICE_NUMBERS:
+            # The reference refuses these too (v1.1.2): -1 would be a cgroup wildcard.
+            self.fail(
+                path,
+                f"{value} is a negative device number, out of range for {what} (0 to"
+                f" {maximum}; -1 would make the cgroup rule a wildcard matching every device)",
+            )
         if not 0 <= value <= maximum:
             self.fail(path, f"{value} is out of range for {what} (0 to {maximum})")
         return value
@@ -236,6 +245,18 @@ class _Reader:
         if not isinstance(value, bool):
             self.fail(path, f"expected a boolean, got {_describe(value)}")
         return value
+
+    def permissions(self, value: object, path: str) -> str | None:
+        # As the reference (v1.1.1+): "" is the default rwm (Go's zero value, like absent),
+        # "none" asks for a cgroup rule granting nothing; else a combination of r, w and m.
+        text = self.optional_string(value, path)
+        if text is not None and text != model.NO_PERMISSIONS and not set(text) <= set("rwm"):
+            self.fail(
+                path,
+                f"{text!r} is not a combination of r, w and m, nor {model.NO_PERMISSIONS!r}"
+                " (no access)",
+            )
+        return text
 
     def absolute(self, value: str, path: str) -> str:
         if not value.startswith("/"):
@@ -272,14 +293,7 @@ class _Reader:
         node_type = self.optional_string(raw.get("type"), f"{path}.type")
         if node_type is not None and node_type not in DEVICE_TYPES:
             self.fail(f"{path}.type", f"{node_type!r} is not one of b, c, u, p")
-        permissions = raw.get("permissions")
-        if permissions is not None:
-            permissions = self.string(permissions, f"{path}.permissions")
-            if not permissions or not set(permissions) <= set("rwm"):
-                self.fail(
-                    f"{path}.permissions",
-                    f"{permissions!r} is not a non-empty combination of r, w and m",
-                )
+        permissions = self.permissions(raw.get("permissions"), f"{path}.permissions")
         return model.DeviceNode(
             path=node_path,
             host_path=host_path,

@@ -113,8 +113,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     cdi_parser = subparsers.add_parser("cdi", help="inspect CDI specs")
     cdi_sub = cdi_parser.add_subparsers(dest="cdi_command", required=True, metavar="COMMAND")
-    show = cdi_sub.add_parser("show", help="show what a spec would inject")
+    show = cdi_sub.add_parser(
+        "show",
+        help="show what a spec would inject",
+        description="Show, as tables, what injecting a CDI spec would do: device 'all' (or,"
+        " in a spec without one, such as a DRA claim's, every device of the spec), or only"
+        " the --device names.",
+    )
     show.add_argument("file", type=Path, help="the CDI spec (JSON or YAML)")
+    show.add_argument(
+        "--device",
+        action="append",
+        metavar="NAME",
+        help="show only this fully qualified CDI device (repeatable), e.g. nvidia.com/gpu=0 or"
+        " k8s.gpu.nvidia.com/claim=<claim-uid>-gpu-0 (default: 'all', else every device)",
+    )
+    show.add_argument(
+        "--cdi-dir",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="also resolve --device names against the specs in DIR (repeatable), as inject does",
+    )
     _common_paths(show)
     show.set_defaults(handler=run_cdi_show)
 
@@ -200,23 +221,39 @@ def _table(title: str, header: tuple[str, ...], rows: Sequence[tuple[str, ...]])
 def _device_row(node: model.DeviceNode, dev_root: Path) -> tuple[str, ...]:
     from substrate_gpu.injection import devices as devices_  # noqa: PLC0415
 
+    access = devices_.cgroup_access(node.permissions) or "none (no rule)"
     if node.major:
-        return (node.path, node.type or "c", f"{node.major}:{node.minor or 0}", "spec")
+        return (node.path, node.type or "c", f"{node.major}:{node.minor or 0}", access, "spec")
     on_host = devices_.host_path_under(dev_root, node.source)
     try:
         resolved = devices_.resolve_device(node, dev_root=dev_root)
     except exceptions.DeviceResolutionError:
-        return (node.path, node.type or "?", "?:?", f"missing on host ({on_host})")
-    return (node.path, resolved.type, f"{resolved.major}:{resolved.minor}", "host stat")
+        return (node.path, node.type or "?", "?:?", access, f"missing on host ({on_host})")
+    return (node.path, resolved.type, f"{resolved.major}:{resolved.minor}", access, "host stat")
+
+
+def _edits_to_show(spec: model.Spec, args: argparse.Namespace) -> tuple[model.ContainerEdits, str]:
+    """The edits ``cdi show`` shows, and what they are, in words."""
+    from substrate_gpu import cdi  # noqa: PLC0415
+
+    if args.device:
+        specs = cdi.load_spec_set(args.cdi_dir, extra=[spec])
+        return cdi.edits_for_devices(specs, args.device), ", ".join(args.device)
+    if spec.device(cdi.ALL_DEVICES) is not None:
+        return cdi.edits_for_all(spec), f"spec-level edits + {cdi.ALL_DEVICES!r}"
+    # No `all` (a DRA claim's spec holds only the claim's devices; an IMEX spec its
+    # channels): what requesting every device of the spec gives, as inject --device would.
+    names = [f"{spec.kind}={d.name}" for d in spec.devices]
+    edits = cdi.edits_for_devices(cdi.SpecSet([spec]), names)
+    return edits, f"spec-level edits + every device; the spec has no {cdi.ALL_DEVICES!r}"
 
 
 def run_cdi_show(args: argparse.Namespace) -> int:
     """Handler of ``cdi show``."""
-    from substrate_gpu import cdi  # noqa: PLC0415
     from substrate_gpu.injection import oci, toolkit  # noqa: PLC0415
 
     spec = _load_spec(args.file, args)
-    edits = cdi.edits_for_all(spec)
+    edits, injecting = _edits_to_show(spec, args)
     plan = oci.plan_injection(
         edits,
         (),
@@ -225,14 +262,14 @@ def run_cdi_show(args: argparse.Namespace) -> int:
     )
     print(f"{spec.source}: cdiVersion {spec.cdi_version}, kind {spec.kind}")
     names = ", ".join(d.name for d in spec.devices)
-    print(f"devices in spec: {names} (injecting: spec-level edits + 'all')")
+    print(f"devices in spec: {names} (injecting: {injecting})")
     nodes: dict[str, model.DeviceNode] = {}
     for node in edits.device_nodes:
         nodes.setdefault(node.path, node)
     sections = [
         _table(
             "Device nodes",
-            ("PATH", "TYPE", "MAJOR:MINOR", "NUMBERS FROM"),
+            ("PATH", "TYPE", "MAJOR:MINOR", "ACCESS", "NUMBERS FROM"),
             [_device_row(n, args.dev_root) for n in nodes.values()],
         ),
         _table(
@@ -243,9 +280,9 @@ def run_cdi_show(args: argparse.Namespace) -> int:
         _table("Env (appended)", ("ENTRY",), [(e,) for e in plan.env]),
         _table(
             "Hooks",
-            ("VERDICT", "NAME", "REASON"),
-            [("keep", h.args[1], "allowlisted, runs " + h.path) for h in plan.hooks]
-            + [("skip", d.name, d.reason) for d in plan.skipped_hooks],
+            ("VERDICT", "NAME", "HOOK POINT", "REASON"),
+            [("keep", h.args[1], h.hook_name, "allowlisted, runs " + h.path) for h in plan.hooks]
+            + [("skip", d.name, d.hook.hook_name, d.reason) for d in plan.skipped_hooks],
         ),
     ]
     print("\n\n".join(sections))

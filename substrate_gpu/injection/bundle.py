@@ -30,10 +30,13 @@ from typing import TYPE_CHECKING, Literal, cast
 from substrate_gpu import _bundle, _files, exceptions
 from substrate_gpu._log import get_logger
 from substrate_gpu.injection import devices as devices_
+from substrate_gpu.injection import hooks as hooks_
 from substrate_gpu.injection import oci, toolkit
 from substrate_gpu.rootfs import staging
 
 if TYPE_CHECKING:
+    import structlog
+
     from substrate_gpu.cdi import model
     from substrate_gpu.rootfs.sonames import SonameCache
 
@@ -243,6 +246,21 @@ def inject_gpu(
         raise exceptions.InjectionError(f"while injecting GPUs into bundle {target}: {e}") from e
 
 
+def _maybe_warn_memory_limits(
+    bound: structlog.typing.FilteringBoundLogger, skipped: tuple[str, ...], config: oci.OciConfig
+) -> None:
+    """Say when the actor asks for GPU memory limits that the skipped hook would have set."""
+    process = config.get("process")
+    env = process.get("env") if isinstance(process, dict) else None
+    asked = hooks_.unapplied_memory_limits(skipped, env if isinstance(env, list) else [])
+    if asked:
+        bound.warning(
+            "gpu_memory_limits_not_applied",
+            variables=",".join(asked),
+            reason=hooks_.SKIP_REASONS["apply-cuda-memory-limits"],
+        )
+
+
 def _inject(
     opened: _bundle.ContainerBundle,
     bundle: Path,
@@ -288,6 +306,7 @@ def _inject(
         )
     for decision in plan.skipped_hooks:
         bound.info("cdi_hook_skipped", hook=decision.name, reason=decision.reason)
+    _maybe_warn_memory_limits(bound, skipped, config)
 
     links: staging.StagingReport | None = None
     if options.stage_soname_links and plan.libraries:

@@ -46,6 +46,8 @@ _GPU_NODE = re.compile(r"^nvidia[0-9]+$")
 
 #: cgroup access granted when the spec gives none (the CDI reference default).
 DEFAULT_PERMISSIONS = "rwm"
+#: A spec's ``permissions: none`` (``cdi.model.NO_PERMISSIONS``): the rule grants nothing.
+NO_ACCESS = "none"
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ class ResolvedDevice:
     minor: int
     """Minor number (0 for ``p``)."""
     permissions: str
-    """cgroup access, a subset of ``rwm``."""
+    """cgroup access, a subset of ``rwm``; empty for a spec's ``"none"`` (no access)."""
     file_mode: int | None = None
     """Permission bits inside the container (from the spec, else the host node)."""
     uid: int | None = None
@@ -87,6 +89,14 @@ def _type_of(mode: int) -> str | None:
     return None
 
 
+def cgroup_access(permissions: str | None) -> str:
+    """The device cgroup rule's access for a node's ``permissions``: ``rwm`` when omitted,
+    empty (no access) for ``"none"``, else as given (the reference's mapping)."""
+    if permissions is None:
+        return DEFAULT_PERMISSIONS
+    return "" if permissions == NO_ACCESS else permissions
+
+
 def _complete(node: model.DeviceNode) -> bool:
     """True when the spec says everything the runtime needs (no host stat upstream)."""
     return node.type is not None and (bool(node.major) or node.type == "p")
@@ -94,7 +104,7 @@ def _complete(node: model.DeviceNode) -> bool:
 
 def resolve_device(node: model.DeviceNode, *, dev_root: Path) -> ResolvedDevice:
     """Fill in type/major/minor/fileMode for one node (see the module docstring)."""
-    permissions = node.permissions or DEFAULT_PERMISSIONS
+    permissions = cgroup_access(node.permissions)
     # String paths and os.stat: this runs for every node of every actor (pathlib's joins
     # cost more than the stat itself here).
     on_host = os.path.join(dev_root, node.source.lstrip("/"))  # noqa: PTH118

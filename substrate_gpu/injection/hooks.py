@@ -13,15 +13,20 @@ Kept:
 
 Skipped (:data:`SKIP_REASONS`):
 
-- ``update-ldcache`` — its ldconfig unshares a mount namespace and mounts a private /proc:
-  the kernel refuses that under the pod's masked /proc, and unmasking it needs a user
-  namespace that breaks per-actor cgroup delegation. We stage the SONAME links ourselves
-  (:mod:`substrate_gpu.rootfs.staging`).
+- ``update-ldcache`` — up to 1.20.0 its ldconfig unshares a mount namespace and mounts a
+  private /proc: the kernel refuses that under the pod's masked /proc, and unmasking it
+  needs a user namespace that breaks per-actor cgroup delegation. 1.20.1 no longer mounts
+  a procfs (it masks the rootfs's /proc and /sys with empty tmpfs and execs the host's
+  ldconfig from a sealed memfd), but the hook still enters new mount, PID and network
+  namespaces as root on the host side, pivots into the untrusted rootfs and runs an
+  unaudited binary over the image's ld.so.conf and libraries, and a spec does not say which
+  toolkit will run it. We stage the SONAME links ourselves, confined
+  (:mod:`substrate_gpu.rootfs.staging`; the same links ``ldconfig -n`` makes).
 - ``disable-device-node-modification`` (toolkit ≥ 1.17.8) — bind-mounts a copy of
   ``/proc/driver/nvidia/params`` with ``ModifyDeviceFiles: 0`` over the container's, so the
-  driver libraries do not create device nodes. Inside gVisor that file is the sentry's:
-  runsc emulates ``ModifyDeviceFiles=0`` itself and skips this hook, and a host-side
-  mount into the sandbox's /proc would not reach it.
+  driver libraries do not create device nodes (1.20.2 makes that mount read-only). Inside
+  gVisor that file is the sentry's: runsc emulates ``ModifyDeviceFiles=0`` itself and skips
+  this hook, and a host-side mount into the sandbox's /proc would not reach it.
 - ``update-application-profile`` (toolkit 1.20) — writes an NVIDIA driver application
   profile (per-application user-mode driver settings) into the container's rootfs. Compute
   workloads do not need it, and a host-side write into the untrusted rootfs by a hook we
@@ -31,13 +36,15 @@ Skipped (:data:`SKIP_REASONS`):
   ``/dev/nvidia-caps`` in the container; in gVisor the sentry creates ``/dev`` from the
   OCI device list with the modes we give, and those paths are the MIG capability nodes,
   which we refuse (nvproxy has no MIG support).
-- ``apply-cuda-memory-limits`` (toolkit 1.20+) — reads ``NVIDIA_GPU_MEMORY_REQUEST`` and
-  ``NVIDIA_GPU_MEMORY_LIMIT`` (MiB) from the container's env, needs cgroup v2, resolves the
-  container's cgroup from its pid and calls the host's NVML (``SetMemoryLimits_v1``) on
-  each ``--gpu-id``. Under gVisor that pid's cgroup is the whole sandbox's, and the hook
+- ``apply-cuda-memory-limits`` (toolkit 1.20.1) — a ``createRuntime`` hook in every GPU
+  device's edits (``--driver-root R --gpu-id <uuid>``): reads ``NVIDIA_GPU_MEMORY_REQUEST``
+  and ``NVIDIA_GPU_MEMORY_LIMIT`` (MiB) from the container's env, needs cgroup v2, resolves
+  the container's cgroup from its pid and calls the host's NVML (``SetMemoryLimits_v1``)
+  on each ``--gpu-id``. Under gVisor that pid's cgroup is the whole sandbox's, and the hook
   loads the host driver's libnvidia-ml into a root process on the host side on behalf of
   an env the untrusted workload chose; GPU memory is not limited per actor here (the
-  allocator never shares a GPU). Without both variables it does nothing.
+  allocator never shares a GPU). Without either variable it does nothing; with one, the
+  injection logs ``gpu_memory_limits_not_applied`` (:func:`unapplied_memory_limits`).
 - ``check-requirements`` (toolkit main, 2026) — parses the image's ``NVIDIA_REQUIRE_*``
   constraints against the host driver, on the host side, to fail a container early; the
   workload's own CUDA init reports the same mismatch, and the driver preflight
@@ -62,6 +69,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from substrate_gpu.cdi import model
 
 #: The only hook point we run toolkit hooks at.
@@ -73,8 +82,9 @@ KEPT_SUBCOMMANDS = frozenset({"create-symlinks", "enable-cuda-compat"})
 #: Why each known toolkit hook outside the allowlist is skipped (the module docstring says more).
 SKIP_REASONS: dict[str, str] = {
     "update-ldcache": (
-        "ldconfig needs an unmasked /proc (a user namespace, which breaks per-actor cgroup"
-        " delegation); SONAME links are staged instead"
+        "runs the host's ldconfig in new namespaces pivoted into the untrusted rootfs (up to"
+        " 1.20.0 also a private /proc, refused under the pod's masked /proc); SONAME links are"
+        " staged instead"
     ),
     "disable-device-node-modification": (
         "runsc emulates ModifyDeviceFiles=0 in the sentry's /proc/driver/nvidia/params and"
@@ -89,8 +99,9 @@ SKIP_REASONS: dict[str, str] = {
         " (/dev/nvidia-caps) are MIG nodes, which are refused"
     ),
     "apply-cuda-memory-limits": (
-        "calls the host's NVML on the sandbox's whole cgroup, driven by env the workload"
-        " chose (NVIDIA_GPU_MEMORY_REQUEST/LIMIT); GPUs are not shared, so not limited"
+        "a createRuntime hook calling the host's NVML on the sandbox's whole cgroup, driven by"
+        " env the workload chose (NVIDIA_GPU_MEMORY_REQUEST/LIMIT); GPUs are not shared, so"
+        " not limited"
     ),
     "check-requirements": (
         "checks the image's NVIDIA_REQUIRE_* on the host side; CUDA init reports a mismatch"
@@ -141,8 +152,11 @@ def hook_subcommand(hook: model.Hook) -> str | None:
 
 
 def classify_hook(hook: model.Hook) -> HookDecision:
-    """Decide whether ``hook`` is kept, and why."""
+    """Decide whether ``hook`` is kept, and why (a reviewed hook's own reason at any hook
+    point: apply-cuda-memory-limits is a createRuntime hook)."""
     subcommand = hook_subcommand(hook)
+    if subcommand is not None and subcommand in SKIP_REASONS:
+        return HookDecision(hook, subcommand, "skip", SKIP_REASONS[subcommand])
     if hook.hook_name != HOOK_POINT:
         return HookDecision(hook, subcommand, "skip", f"hook point {hook.hook_name} is not run")
     if subcommand is None:
@@ -159,3 +173,17 @@ def rewrite_hook(hook: model.Hook, subcommand: str, hook_binary: str) -> model.H
     program = posixpath.basename(args[0])
     rest = args[3:] if program.startswith("nvidia-ctk") else args[2:]
     return replace(hook, path=hook_binary, args=(HOOK_BINARY_NAME, subcommand, *rest))
+
+
+#: The env ``apply-cuda-memory-limits`` reads (MiB): what a workload asks for in vain here.
+MEMORY_LIMIT_ENV = ("NVIDIA_GPU_MEMORY_REQUEST", "NVIDIA_GPU_MEMORY_LIMIT")
+
+
+def unapplied_memory_limits(skipped: Sequence[str], env: Sequence[object]) -> tuple[str, ...]:
+    """The ``NVIDIA_GPU_MEMORY_*`` variables the container's ``env`` sets that nothing will
+    apply, because ``apply-cuda-memory-limits`` is among the ``skipped`` hooks; empty when
+    the spec has no such hook (an older toolkit) or the env sets neither."""
+    if "apply-cuda-memory-limits" not in skipped:
+        return ()
+    names = {e.partition("=")[0] for e in env if isinstance(e, str)}
+    return tuple(name for name in MEMORY_LIMIT_ENV if name in names)

@@ -10,11 +10,14 @@ Each rule and its reason (see docs/gpu-injection.md):
 - Devices go to ``linux.devices`` (replacing an entry at the same path) **and** block and
   char devices get a matching cgroup allow rule in ``linux.resources.devices``; without the
   rule the actor sees the node and gets EPERM. A FIFO (``p``) gets no rule (the reference
-  adds rules for ``b``/``c`` only). A node without uid/gid takes the process's, when
+  adds rules for ``b``/``c`` only), nor does a node the spec gives ``permissions: none``
+  (the node without access, CDI v1.1.1+). A node without uid/gid takes the process's, when
   non-zero (so a non-root actor owns its GPU node, as with the reference).
 - A bundle that already holds a GPU node (``/dev/nvidiaN``) the plan does not grant is
   refused: injecting GPU 1 next to an earlier injection's GPU 2 would hand out two GPUs.
-- Mounts are copied as given (type defaults to ``bind``); a spec mount replaces a mount the
+- Mounts are copied as given (type defaults to ``bind``; in a bundle with a user namespace
+  and both uid and gid mappings a bind mount gets ``idmap``, an ``rbind`` one ``ridmap``, as
+  the reference v1.1.2 does); a spec mount replaces a mount the
   config already has at the same destination and is appended after the config's; then all
   mounts are sorted, stably, by the depth of their destination only (the separators in the
   cleaned path), as the CDI reference does since v1.0.0: a parent directory is mounted
@@ -300,13 +303,42 @@ def refuse_foreign_gpus(
         )
 
 
-def _mount_entry(mount: model.Mount) -> oci_bodies.Mount:
+def _mount_entry(mount: model.Mount, *, idmapped: bool) -> oci_bodies.Mount:
+    options = list(mount.options)
+    extra = _idmap_option(mount) if idmapped else None
+    if extra is not None:
+        options.append(extra)
     return {
         "destination": mount.container_path,
         "type": mount.type or "bind",
         "source": mount.host_path,
-        "options": list(mount.options),
+        "options": options,
     }
+
+
+def _idmap_option(mount: model.Mount) -> str | None:
+    """The option the reference adds to a bind mount in a user namespace (``withIDMapFor
+    BindMount``): ``idmap`` for a ``bind``, ``ridmap`` for an ``rbind`` (the last of the
+    two options wins), none when the spec already asks for either."""
+    option = "idmap" if mount.type == "bind" else None
+    for given in mount.options:
+        if given in ("idmap", "ridmap"):
+            return None
+        if given == "bind":
+            option = "idmap"
+        elif given == "rbind":
+            option = "ridmap"
+    return option
+
+
+def _has_id_mapping_namespace(linux: dict[str, object]) -> bool:
+    """A user namespace with both uid and gid mappings (reference v1.1.2: runc refuses id-
+    mapped mounts unless both are present; v1.1.1 and older looked at the namespace only)."""
+    namespaces = linux.get("namespaces")
+    user = isinstance(namespaces, list) and any(
+        isinstance(ns, dict) and ns.get("type") == "user" for ns in namespaces
+    )
+    return user and bool(linux.get("uidMappings")) and bool(linux.get("gidMappings"))
 
 
 def _hook_entry(hook: model.Hook) -> oci_bodies.Hook:
@@ -367,7 +399,10 @@ def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False
 
     rules = _list(_child(linux, "resources", ".linux"), "devices", ".linux.resources")
     for device in plan.devices:
-        if device.type not in CGROUP_TYPES:
+        if device.type not in CGROUP_TYPES or not device.permissions:
+            # No access ("none"): the reference writes an allow rule with empty access,
+            # which grants nothing and which runc refuses ("device access at 4 field
+            # cannot be empty"); no rule at all is the same policy, and runs.
             continue
         rule = _cgroup_rule(device)
         if rule not in rules:
@@ -381,7 +416,8 @@ def apply_plan(config: OciConfig, plan: InjectionPlan, *, in_place: bool = False
             for m in mounts
             if not (isinstance(m, dict) and _clean(str(m.get("destination") or "")) in ours)
         ]
-        mounts.extend(_mount_entry(m) for m in plan.mounts)
+        idmapped = _has_id_mapping_namespace(linux)
+        mounts.extend(_mount_entry(m, idmapped=idmapped) for m in plan.mounts)
         mounts.sort(key=_depth)  # stable: the same depth keeps the order above
 
     process["env"] = merge_env((str(e) for e in _list(process, "env", ".process")), plan)

@@ -485,16 +485,17 @@ async def restore(ctx: EffectContext, actor: ActorView, event: events.Event) -> 
         return events.RestoreFailed(actor_id=actor_id, message="no checkpoint to restore from")
     if actor.sandbox:
         await _delete_quietly(ctx, actor)
-    cpu_refusal = _check_cpu_features(
-        actor_id, Path(image), await _features_of(ctx.runtime, actor_id)
-    )
+    features = await _features_of(ctx.runtime, actor_id)
+    cpu_refusal = _check_cpu_features(actor_id, Path(image), features)
     if cpu_refusal is not None:
         return cpu_refusal
     cuda_route = device_map = ""
     if actor.gpu and ctx.gpu is not None:
         uuids = gpu_.own_gpu_uuids(ctx.gpu, ctx.allocator, actor.gpu_devices)
         try:
-            checked = await _check_restore(ctx.gpu, actor_id, Path(image), _granted(actor), uuids)
+            checked = await _check_restore(
+                ctx.gpu, actor_id, Path(image), _granted(actor), uuids, features=features
+            )
         except exceptions.SubstrateGpuError as e:
             return events.RestoreFailed(
                 actor_id=actor_id, message=f"while checking the node before restore: {_message(e)}"
@@ -551,6 +552,8 @@ async def _check_restore(
     image: Path,
     granted: tuple[str, ...] | None,
     uuids: tuple[str, ...],
+    *,
+    features: runsc.RunscFeatures,
 ) -> events.RestoreRefused | tuple[str, str]:
     """Driver preflight and the image's manifest against this node: a refusal, or the route
     that put CUDA state in the image (empty when none) and the device map onto the
@@ -572,7 +575,13 @@ async def _check_restore(
         )
     if refusal is not None:
         return events.RestoreRefused(actor_id=actor_id, code=refusal.code, message=refusal.reason)
-    planned = await gpu_.plan_restore(gpu, manifest, facts.driver_version, uuids)
+    planned = await gpu_.plan_restore(
+        gpu,
+        manifest,
+        facts.driver_version,
+        uuids,
+        runsc_creates_device_files=features.restore_creates_gpu_device_files,
+    )
     if isinstance(planned, preflight.Refusal):
         return events.RestoreRefused(actor_id=actor_id, code=planned.code, message=planned.reason)
     return (manifest.route if manifest.cuda_state_included else ""), planned

@@ -258,14 +258,23 @@ async def plan_restore(
     manifest: preflight.CheckpointManifest,
     driver_version: str,
     uuids: tuple[str, ...],
+    *,
+    runsc_creates_device_files: bool | None,
 ) -> preflight.Refusal | str:
-    """Before a GPU restore: a refusal (a remap the route cannot do, too little free device
-    memory on the target GPUs), or the ``--device-map`` to restore the CUDA state with
-    (empty: the same GPUs, or an image that does not name its GPUs)."""
+    """Before a GPU restore: a refusal (a remap the route or the runsc build cannot do, too
+    little free device memory on the target GPUs), or the ``--device-map`` to restore the
+    CUDA state with (empty: the same GPUs, or an image that does not name its GPUs).
+    ``runsc_creates_device_files``: the restoring runsc's
+    :attr:`~substrate_gpu.runsc.api.RunscFeatures.restore_creates_gpu_device_files`."""
     pairs = preflight.gpu_pairs(manifest, uuids)
     device_map = preflight.device_map(pairs)
     route = manifest.route if manifest.cuda_state_included else ""
-    refusal = preflight.check_remap(device_map, route=route, driver_version=driver_version)
+    refusal = preflight.check_remap(
+        device_map,
+        route=route,
+        driver_version=driver_version,
+        runsc_creates_device_files=runsc_creates_device_files,
+    )
     if refusal is not None:
         return refusal
     recorded = any(g.memory_used_mib is not None for g in manifest.actor_gpus)

@@ -59,6 +59,17 @@ class RunscFeatures:
     binary_sha256: str = ""
     """The SHA-256 of the runsc binary (a snapshot is tied to the build that wrote it);
     empty when the binary cannot be read."""
+    restore_creates_gpu_device_files: bool | None = None
+    """Whether a restore creates ``/dev/nvidiaN`` for every GPU the restored sandbox holds
+    (google/gvisor#14525), found in the binary: True: it carries the fix's
+    ``createNvproxyDeviceFilesAfterRestore``; False: it carries only the remap-metadata-gated
+    ``createRemappedNvproxyDeviceFiles`` (the pinned gVisor), so an image saved with no GPU
+    file open (after cuda-checkpoint) restored onto other GPUs gets no device files for
+    them; None: neither name found, or the binary unreadable (cannot tell)."""
+    nvproxy_flag_legacy: bool = False
+    """``runsc flags`` describes ``--nvproxy`` as ``LEGACY`` (GPU support turns on by itself
+    when the spec carries NVIDIA devices). We still pass it: the pause container holds no
+    GPU device, so for it nothing else turns nvproxy on."""
 
 
 class RunscError(exceptions.ExternalCommandError):

@@ -175,18 +175,61 @@ def has_command(help_text: str, command: str) -> bool:
     return re.search(rf"(?m)^\s+{re.escape(command)}\b", help_text) is not None
 
 
-def binary_sha256(runsc: str) -> str:
-    """The SHA-256 of the ``runsc`` executable (a path, or a name on PATH); empty when it
-    cannot be read (a missing binary fails its ``--version`` first, with its own message)."""
+#: Function names a Go binary keeps in its symbol table (pclntab) even when stripped, which
+#: tell whether a runsc build has google/gvisor#14525 ("Create nvproxy device files on
+#: restore regardless of remap metadata"): the fix adds ``(*Loader).
+#: createNvproxyDeviceFilesAfterRestore`` and removes the remap-gated
+#: ``(*Loader).createRemappedNvproxyDeviceFiles`` (``runsc/boot/nvproxy.go``).
+RESTORE_DEVICE_FILES_FIXED = b"boot.(*Loader).createNvproxyDeviceFilesAfterRestore"
+RESTORE_DEVICE_FILES_REMAP_GATED = b"boot.(*Loader).createRemappedNvproxyDeviceFiles"
+_MARKERS = (RESTORE_DEVICE_FILES_FIXED, RESTORE_DEVICE_FILES_REMAP_GATED)
+
+
+@dataclass(frozen=True)
+class BinaryFacts:
+    """What reading the runsc executable itself tells (one pass over it)."""
+
+    sha256: str
+    """Its SHA-256; empty when it cannot be read."""
+    markers: frozenset[bytes]
+    """Which of the known symbol names (:data:`_MARKERS`) it contains."""
+
+    @property
+    def restore_creates_gpu_device_files(self) -> bool | None:
+        """See :attr:`~substrate_gpu.runsc.api.RunscFeatures.restore_creates_gpu_device_files`."""
+        if RESTORE_DEVICE_FILES_FIXED in self.markers:
+            return True
+        if RESTORE_DEVICE_FILES_REMAP_GATED in self.markers:
+            return False
+        return None
+
+
+def scan_binary(runsc: str) -> BinaryFacts:
+    """Hash the ``runsc`` executable (a path, or a name on PATH) and look for the symbol
+    names of :data:`_MARKERS` in it, in one read; nothing found when it cannot be read (a
+    missing binary fails its ``--version`` first, with its own message)."""
     path = shutil.which(runsc) or runsc
     digest = hashlib.sha256()
+    found: set[bytes] = set()
+    overlap = max(len(m) for m in _MARKERS) - 1
+    tail = b""
     try:
         with Path(path).open("rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
+                window = tail + block
+                found.update(m for m in _MARKERS if m not in found and m in window)
+                tail = window[-overlap:]
     except OSError:
-        return ""
-    return digest.hexdigest()
+        return BinaryFacts(sha256="", markers=frozenset())
+    return BinaryFacts(sha256=digest.hexdigest(), markers=frozenset(found))
+
+
+def nvproxy_flag_is_legacy(flags_help: str) -> bool:
+    """Whether ``runsc flags`` describes ``-nvproxy`` as ``LEGACY`` (its usage line follows
+    the flag's line, as Go's ``flag.PrintDefaults`` prints it)."""
+    match = re.search(r"(?m)^\s*--?nvproxy\n\s*(.*)$", flags_help)
+    return match is not None and match.group(1).lstrip().startswith("LEGACY")
 
 
 class RunscDriver:
@@ -302,6 +345,9 @@ class RunscDriver:
         checkpoint_help = await self._help_text(argv.help_command(self._inv, "checkpoint"))
         commands_help = await self._help_text(argv.help_command(self._inv))
         flags_help = await self._help_text(argv.top_level_flags(self._inv))
+        binary = await _blocking.run_abandonable(
+            lambda: scan_binary(self.config.runsc), name="runsc-sha256"
+        )
         return api.RunscFeatures(
             version=first_line,
             leave_running=has_flag(checkpoint_help, "leave-running"),
@@ -311,9 +357,9 @@ class RunscDriver:
             cuda_checkpoint_sequential=has_flag(checkpoint_help, "cuda-checkpoint-sequential"),
             cpu_num_from_quota=has_flag(flags_help, "cpu-num-from-quota"),
             allow_connected_on_save=has_flag(flags_help, "allow-connected-on-save"),
-            binary_sha256=await _blocking.run_abandonable(
-                lambda: binary_sha256(self.config.runsc), name="runsc-sha256"
-            ),
+            binary_sha256=binary.sha256,
+            restore_creates_gpu_device_files=binary.restore_creates_gpu_device_files,
+            nvproxy_flag_legacy=nvproxy_flag_is_legacy(flags_help),
         )
 
     async def _help_text(self, args: tuple[str, ...]) -> str:

@@ -17,7 +17,10 @@ or the ``---``-headed, 4-space-indented YAML.
 Simulation knobs (environment): ``NVIDIA_CTK_STANDIN_SYSTEM_ROOT`` is the directory the
 stand-in treats as the machine's ``/`` when discovering devices (a simulated node);
 ``NVIDIA_CTK_STANDIN_VERSION`` (default 1.20.0) below 1.19 omits device numbers, as older
-toolkits did.
+toolkits did; from 1.20.1 each GPU device carries the ``createRuntime`` hook
+``apply-cuda-memory-limits --driver-root R --gpu-id <uuid>`` (``all`` one per GPU), and from
+1.20.2 the spec-level edits end with the void mount device (``/dev/null`` bound read-only at
+``/var/run/nvidia-container-devices/void``), as those releases write them.
 
 Failure modes reproduced: no ``libnvidia-ml.so.*`` found (the real tool fails to load
 NVML), no ``nvidiactl``, and — for timeout tests — ``NVIDIA_CTK_STANDIN_HANG=1`` makes it
@@ -91,13 +94,19 @@ def gpu_uuid(node_root: Path, index: int) -> str:
     return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
-def _hook(hook_path: str, *args: str) -> bodies.HookBody:
+def _hook(hook_path: str, *args: str, point: str = "createContainer") -> bodies.HookBody:
     return {
-        "hookName": "createContainer",
+        "hookName": point,
         "path": hook_path,
         "args": ["nvidia-cdi-hook", *args],
         "env": HOOK_ENV,
     }
+
+
+def _memory_limits_hook(hook_path: str, driver_root: str, uuid: str) -> bodies.HookBody:
+    """Toolkit 1.20.1's per-GPU hook (``pkg/nvcdi/cuda-memory-limits.go``)."""
+    args = ("apply-cuda-memory-limits", "--driver-root", driver_root, "--gpu-id", uuid)
+    return _hook(hook_path, *args, point="createRuntime")
 
 
 def build_spec(
@@ -108,7 +117,7 @@ def build_spec(
     hook_path: str,
     path_env: str,
 ) -> bodies.SpecBody:
-    """The spec the real 1.20 toolkit would write for this node."""
+    """The spec the real 1.20.x toolkit would write for this node."""
     try:
         names = sorted(p.name for p in (system_root / dev_root.relative_to("/") / "dev").iterdir())
     except OSError:
@@ -137,20 +146,24 @@ def build_spec(
 
     devices: list[bodies.DeviceBody] = []
     all_nodes: list[bodies.DeviceNodeBody] = []
+    all_hooks: list[bodies.HookBody] = []
+    memory_limits = _version() >= (1, 20, 1)
     for index in gpus:
         node = _node(system_root, dev_root, f"nvidia{index}")
         if node is None:
             continue
         all_nodes.append(node)
+        uuid = gpu_uuid(system_root / dev_root.relative_to("/"), index)
         edits: bodies.ContainerEditsBody = {"deviceNodes": [node]}
+        if memory_limits:
+            edits["hooks"] = [_memory_limits_hook(hook_path, str(dev_root), uuid)]
+            all_hooks.extend(edits["hooks"])
         devices.append({"name": str(index), "containerEdits": edits})
-        devices.append(
-            {
-                "name": gpu_uuid(system_root / dev_root.relative_to("/"), index),
-                "containerEdits": edits,
-            }
-        )
-    devices.append({"name": "all", "containerEdits": {"deviceNodes": all_nodes}})
+        devices.append({"name": uuid, "containerEdits": edits})
+    all_edits: bodies.ContainerEditsBody = {"deviceNodes": all_nodes}
+    if all_hooks:
+        all_edits["hooks"] = all_hooks
+    devices.append({"name": "all", "containerEdits": all_edits})
 
     mounts: list[bodies.MountBody] = []
     for tool in TOOLS:
@@ -163,6 +176,14 @@ def build_spec(
         {"hostPath": str(lib), "containerPath": str(lib), "options": MOUNT_OPTIONS}
         for lib in libraries
     )
+    if _version() >= (1, 20, 2):
+        mounts.append(
+            {
+                "hostPath": "/dev/null",
+                "containerPath": "/var/run/nvidia-container-devices/void",
+                "options": ["ro", "nosuid", "nodev", "bind"],
+            }
+        )
     hooks = [
         _hook(hook_path, "create-symlinks", "--link", f"libcuda.so.1::{libdir}/libcuda.so"),
         _hook(hook_path, "enable-cuda-compat", f"--host-driver-version={version}"),

@@ -9,8 +9,14 @@ import pytest
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "cdi"
 
-#: The Go-template placeholders of NVIDIA's golden fixtures, and what the tests put there.
-PLACEHOLDERS = {"{{ .driverRoot }}": "/R", "{{ .toolkitRoot }}": "/T", "{{ .hostRoot }}": "/H"}
+#: The Go-template placeholders of NVIDIA's golden fixtures, and what the tests put there
+#: (``{{ .gpuID }}``, toolkit 1.20.1+: the mock GPU's UUID, in apply-cuda-memory-limits).
+PLACEHOLDERS = {
+    "{{ .driverRoot }}": "/R",
+    "{{ .toolkitRoot }}": "/T",
+    "{{ .hostRoot }}": "/H",
+    "{{ .gpuID }}": "GPU-00000000-0000-0000-0000-000000000000",
+}
 
 
 def substitute(text: str) -> str:

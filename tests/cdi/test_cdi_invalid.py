@@ -258,7 +258,7 @@ CASES = [
         f"{DEV0}.deviceNodes[0].major",
         -1,
         f"{DEV0}.deviceNodes[0].major",
-        "-1 is out of range",
+        "-1 is a negative device number, out of range",
         id="major-negative-wildcard",
     ),
     pytest.param(
@@ -298,10 +298,10 @@ CASES = [
     ),
     pytest.param(
         f"{DEV0}.deviceNodes[0].permissions",
-        "",
+        "nothing",
         f"{DEV0}.deviceNodes[0].permissions",
-        "non-empty combination of r, w and m",
-        id="permissions-empty",
+        "combination of r, w and m, nor 'none'",
+        id="permissions-word",
     ),
     pytest.param(
         f"{DEV0}.deviceNodes[0].permissions",

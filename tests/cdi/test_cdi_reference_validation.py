@@ -4,6 +4,13 @@ Source: cncf-tags/container-device-interface, pkg/cdi/container-edits_test.go
 (``TestValidateContainerEdits``) and the netDevices / intelRdt rules of specs-go 1.1.0. Each
 case puts one ``containerEdits`` at the spec level of an otherwise valid spec; ``None`` as
 the expected field means the reference accepts it, so must we.
+
+:data:`V112_CASES` are the rows the library's v1.1.2 tag (2026-11-12, module
+``tags.cncf.io/container-device-interface@v1.1.2``, ``h1:H4rcA/836s+J7JjTbwOj2khB4YP95HHaZrRThT+QAVg=``)
+has beyond the v1.1.0 table: ``permissions: "none"`` (``NoPermissions``, since v1.1.1),
+negative device numbers and ``null`` entries refused; ``""`` is the default ``rwm``
+(``TestApplyContainerEdits``' "explicitly empty" / "omitted permissions" rows, applied in
+tests/injection/test_reference_edits.py).
 """
 
 from __future__ import annotations
@@ -221,7 +228,43 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("edits", "version", "field"), CASES)
+V112_CASES = [
+    pytest.param(
+        {"deviceNodes": [{"path": "/dev/vendorctl", "type": "b", "permissions": "none"}]},
+        V110,
+        None,
+        id="valid-device-no-permissions",
+    ),
+    pytest.param(
+        {"deviceNodes": [{"path": "/dev/nil", "type": "c", "permissions": ""}]},
+        V110,
+        None,
+        id="valid-device-empty-permissions",
+    ),
+    pytest.param(
+        {"deviceNodes": [{"path": "/dev/foo", "type": "c", "major": -1, "minor": 3}]},
+        V110,
+        "containerEdits.deviceNodes[0].major",
+        id="invalid-device-negative-major",
+    ),
+    pytest.param(
+        {"deviceNodes": [{"path": "/dev/foo", "type": "c", "major": 1, "minor": -1}]},
+        V110,
+        "containerEdits.deviceNodes[0].minor",
+        id="invalid-device-negative-minor",
+    ),
+    pytest.param(
+        {"deviceNodes": [None]}, V110, "containerEdits.deviceNodes[0]", id="invalid-device-nil"
+    ),
+    pytest.param(
+        {"netDevices": [None]}, V110, "containerEdits.netDevices[0]", id="invalid-net-device-nil"
+    ),
+    pytest.param({"hooks": [None]}, V110, "containerEdits.hooks[0]", id="invalid-hook-nil"),
+    pytest.param({"mounts": [None]}, V110, "containerEdits.mounts[0]", id="invalid-mount-nil"),
+]
+
+
+@pytest.mark.parametrize(("edits", "version", "field"), CASES + V112_CASES)
 def test_reference_validation_case(
     edits: dict[str, object], version: str, field: str | None
 ) -> None:
@@ -247,4 +290,34 @@ def test_duplicate_net_device_error_names_the_other_entry() -> None:
         CdiSpecError,
         match=r"duplicate hostInterfaceName 'eth0' \(also containerEdits.netDevices\[0\]\)",
     ):
+        cdi.parse_spec(spec_with_edits(edits, V110))
+
+
+@pytest.mark.parametrize(
+    ("permissions", "expected"),
+    [
+        pytest.param("none", "none", id="none-kept"),
+        pytest.param("", None, id="empty-is-the-default"),
+        pytest.param("rw", "rw", id="subset"),
+    ],
+)
+def test_permissions_read_as_the_reference(permissions: str, expected: str | None) -> None:
+    """``"none"`` survives parsing; ``""`` reads as omitted (the default ``rwm``)."""
+    edits = {"deviceNodes": [{"path": "/dev/x", "type": "c", "permissions": permissions}]}
+    spec = cdi.parse_spec(spec_with_edits(edits, V110))
+    assert spec.container_edits.device_nodes[0].permissions == expected
+
+
+@pytest.mark.parametrize("permissions", ["nonE", "rnone", "none ", "all"])
+def test_only_the_exact_word_none_means_no_access(permissions: str) -> None:
+    """Anything else outside ``rwm`` is refused, naming both accepted forms."""
+    edits = {"deviceNodes": [{"path": "/dev/x", "permissions": permissions}]}
+    with pytest.raises(CdiSpecError, match="combination of r, w and m, nor 'none'"):
+        cdi.parse_spec(spec_with_edits(edits, V110))
+
+
+def test_a_negative_device_number_names_the_wildcard_it_would_make() -> None:
+    """The refusal says why a negative number is dangerous, not only that it is small."""
+    edits = {"deviceNodes": [{"path": "/dev/x", "type": "c", "major": -1}]}
+    with pytest.raises(CdiSpecError, match="negative device number.*wildcard"):
         cdi.parse_spec(spec_with_edits(edits, V110))

@@ -32,3 +32,15 @@ def node_spec(
 def node_edits(node_spec: model.Spec) -> model.ContainerEdits:
     """Spec-level + ``all`` edits of ``node_spec``."""
     return cdi.edits_for_all(node_spec)
+
+
+@pytest.fixture(scope="module")
+def sample_spec_1202() -> model.Spec:
+    """The real T4 spec brought to toolkit 1.20.2's shape (tests/data/cdi/PROVENANCE.md)."""
+    from pathlib import Path
+
+    path = (
+        Path(__file__).resolve().parents[1]
+        / "data/cdi/derived/DERIVED__kwx4957-T4__ctk-1.20.2-shape.yaml"
+    )
+    return cdi.load_spec(path)

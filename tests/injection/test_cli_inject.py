@@ -21,11 +21,88 @@ def test_cdi_show_prints_what_would_be_injected(capsys):
     assert main(["cdi", "show", str(T4), "--driver-root", "/usr"]) == 0
     out = capsys.readouterr().out
     assert "Device nodes (6)" in out
-    assert "/dev/nvidiactl         c     195:255      spec" in out
+    assert "/dev/nvidiactl         c     195:255      rwm     spec" in out
     assert "Mounts (50)" in out
     assert "skip     update-ldcache" in out
     assert "keep     enable-cuda-compat" in out
     assert "NVIDIA_VISIBLE_DEVICES=void" not in out
+
+
+DRA_CLAIM = DATA / "derived" / "DERIVED__dra-claim__kwx4957-T4__gpu-0.yaml"
+T4_1202 = DATA / "derived" / "DERIVED__kwx4957-T4__ctk-1.20.2-shape.yaml"
+CLAIM_DEVICE = "k8s.gpu.nvidia.com/claim=dab5ab50-d59a-42a6-af16-cfd4628c0f7a-gpu-0"
+
+
+def test_cdi_show_of_a_dra_claim_spec_shows_its_devices(capsys):
+    """A DRA claim's spec has no `all`: shown as every device of the spec, not refused."""
+    assert main(["cdi", "show", str(DRA_CLAIM), "--driver-root", "/usr"]) == 0
+    out = capsys.readouterr().out
+    assert "injecting: spec-level edits + every device; the spec has no 'all'" in out
+    assert "Device nodes (6)" in out
+    assert "/dev/nvidia0           c     195:0        rwm     spec" in out
+
+
+def test_cdi_show_of_named_devices_shows_only_them(capsys):
+    """--device shows what inject --device would inject (the claim's name, or an index)."""
+    assert main(["cdi", "show", str(DRA_CLAIM), "--device", CLAIM_DEVICE]) == 0
+    assert f"(injecting: {CLAIM_DEVICE})" in capsys.readouterr().out
+    assert main(["cdi", "show", str(T4), "--device", "nvidia.com/gpu=0"]) == 0
+    assert "(injecting: nvidia.com/gpu=0)" in capsys.readouterr().out
+
+
+def test_cdi_show_of_an_unknown_device_exits_1_listing_the_offer(capsys):
+    """A name the spec does not define: one line naming it and what the kind offers."""
+    assert main(["cdi", "show", str(T4), "--device", "nvidia.com/gpu=7"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown CDI device nvidia.com/gpu=7; nvidia.com/gpu offers: 0," in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_cdi_show_device_from_a_cdi_dir(tmp_path, capsys):
+    """--cdi-dir resolves a --device name defined by another spec file, as inject does."""
+    cdi_dir = tmp_path / "cdi"
+    cdi_dir.mkdir()
+    (cdi_dir / "claim.yaml").write_bytes(DRA_CLAIM.read_bytes())
+    argv = ["cdi", "show", str(T4), "--cdi-dir", str(cdi_dir), "--device", CLAIM_DEVICE]
+    assert main(argv) == 0
+    assert f"(injecting: {CLAIM_DEVICE})" in capsys.readouterr().out
+
+
+def test_cdi_show_of_a_1_20_2_spec_tables_its_new_hook_and_mounts(capsys):
+    """Toolkit 1.20.2's shape: the createRuntime memory hook skipped with its reason, the
+    void mount and the R615 ucode firmware listed as mounts."""
+    assert main(["cdi", "show", str(T4_1202), "--driver-root", "/usr"]) == 0
+    out = capsys.readouterr().out
+    assert "Mounts (52)" in out
+    assert "/var/run/nvidia-container-devices/void" in out
+    assert "/lib/firmware/nvidia/615.71.09/ucodes_tu10x.bin" in out
+    assert "skip     apply-cuda-memory-limits          createRuntime    a createRuntime hook" in out
+    assert "keep     enable-cuda-compat                createContainer  allowlisted" in out
+
+
+def test_cdi_show_names_a_node_without_access(tmp_path, capsys):
+    """permissions: none (CDI v1.1.1+) shows as an access of none, with no cgroup rule."""
+    spec = {
+        "cdiVersion": "0.5.0",
+        "kind": "vendor.com/device",
+        "devices": [
+            {
+                "name": "all",
+                "containerEdits": {
+                    "deviceNodes": [
+                        {"path": "/dev/vendorctl", "type": "c", "major": 7, "permissions": "none"},
+                        {"path": "/dev/vendor0", "type": "c", "major": 7, "minor": 1},
+                    ]
+                },
+            }
+        ],
+    }
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    assert main(["cdi", "show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "/dev/vendorctl  c     7:0          none (no rule)  spec" in out
+    assert "/dev/vendor0    c     7:1          rwm             spec" in out
 
 
 def test_inject_from_a_spec_file_then_again(gpu_node, node_spec, tmp_path, capsys):

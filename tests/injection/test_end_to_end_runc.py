@@ -9,6 +9,7 @@ and the allowlisted hooks having run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -248,3 +249,61 @@ def test_multi_gpu_worker_gets_exactly_its_own_devices(held, absent, gpu_node, r
     assert not {(195, i) for i in absent} & rules
     lines = runc_bundle.run_to_completion(runc_path, bundle, tmp_path / "runc-state")
     assert [line for line in lines if not line.startswith("open")] == [f"nvidia{i}" for i in held]
+
+
+def test_a_node_with_no_permissions_exists_but_cannot_be_opened(
+    gpu_node, node_edits, runc_path, tmp_path
+):
+    """CDI ``permissions: none`` (reference v1.1.1+): the node is in the actor's /dev and no
+    cgroup rule grants it, so runc denies opening it (EPERM) while a node with the default
+    ``rwm`` reaches the absent driver (ENXIO). (The reference writes an allow rule with empty
+    access instead, which runc 1.1.5 refuses to start: "device access … cannot be empty".)"""
+    nodes = tuple(
+        dataclasses.replace(n, permissions=cdi.NO_PERMISSIONS) if n.path == "/dev/nvidia0" else n
+        for n in node_edits.device_nodes
+    )
+    edits = dataclasses.replace(node_edits, device_nodes=nodes)
+    script = 'for d in /dev/nvidia0 /dev/nvidiactl; do ( : < $d ) 2>&1 | sed "s|^|$d |"; done'
+    bundle = bundles.make_bundle(tmp_path / "bundle", ["sh", "-c", script])
+    bundle_.inject_gpu(
+        bundle, edits, options=injection_options(gpu_node), soname_cache=SonameCache()
+    )
+    config = json.loads((bundle / "config.json").read_text())
+    granted = {(r.get("major"), r.get("minor")) for r in config["linux"]["resources"]["devices"]}
+    assert (195, 0) not in granted
+    assert (195, 255) in granted
+    lines = runc_bundle.run_to_completion(runc_path, bundle, tmp_path / "runc-state")
+    out = dict(line.split(" ", 1) for line in lines if line.startswith("/dev/"))
+    assert "Operation not permitted" in out["/dev/nvidia0"]
+    assert "No such device or address" in out["/dev/nvidiactl"]
+
+
+def test_a_toolkit_1_20_2_spec_runs_in_runc_with_its_void_mount_and_no_memory_hook(
+    gpu_node, runc_path, tmp_path
+):
+    """The 1.20.2 shape end to end: the createRuntime apply-cuda-memory-limits hook is not in
+    the bundle (no host-side NVML call), the void mount device is a read-only /dev/null in
+    the actor, and the GPU still passes the cgroup (ENXIO: no driver behind it here)."""
+    spec = generate_spec(gpu_node, tmp_path / "cdi", toolkit_version="1.20.2")
+    gpu = next(d for d in spec.devices if d.name == "all")
+    assert [h.args[1] for h in gpu.container_edits.hooks] == ["apply-cuda-memory-limits"]
+    script = (
+        "v=/var/run/nvidia-container-devices/void; stat -c '%F %t %T' $v;"
+        " grep \" $v \" /proc/mounts | cut -d' ' -f4 | tr , '\\n' | grep -x ro;"
+        " ( : < /dev/nvidia0 ) 2>&1; true"
+    )
+    bundle = bundles.make_bundle(tmp_path / "bundle", ["sh", "-c", script])
+    report = bundle_.inject_gpu(
+        bundle,
+        cdi.edits_for_all(spec),
+        options=injection_options(gpu_node),
+        soname_cache=SonameCache(),
+    )
+    assert "apply-cuda-memory-limits" in report.hooks_skipped
+    config = json.loads((bundle / "config.json").read_text())
+    argvs = [h["args"] for point in config.get("hooks", {}).values() for h in point]
+    assert not [a for a in argvs if "apply-cuda-memory-limits" in a]
+    lines = runc_bundle.run_to_completion(runc_path, bundle, tmp_path / "runc-state")
+    assert lines[0] == "character special file 1 3"
+    assert lines[1] == "ro"
+    assert "No such device or address" in lines[2]

@@ -147,3 +147,90 @@ def test_every_toolkit_hook_is_decided_in_the_code_and_the_docs_table() -> None:
     table = (Path(__file__).resolve().parents[2] / "docs" / "gpu-injection.md").read_text()
     missing = [name for name in TOOLKIT_HOOKS if f"\n| `{name}` |" not in table]
     assert missing == []
+
+
+def test_a_reviewed_hook_keeps_its_own_reason_at_another_hook_point():
+    """apply-cuda-memory-limits is a createRuntime hook: its skip says why, not only where."""
+    hook = model.Hook(
+        hook_name="createRuntime",
+        path="/usr/bin/nvidia-cdi-hook",
+        args=("nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", "/", "--gpu-id", "G"),
+    )
+    decision = hooks.classify_hook(hook)
+    assert (decision.verdict, decision.name) == ("skip", "apply-cuda-memory-limits")
+    assert decision.reason == hooks.SKIP_REASONS["apply-cuda-memory-limits"]
+
+
+def test_an_allowlisted_hook_at_another_hook_point_is_still_not_run():
+    """create-symlinks registered at createRuntime is skipped for its hook point."""
+    hook = model.Hook(
+        hook_name="createRuntime", path="/h", args=("nvidia-cdi-hook", "create-symlinks")
+    )
+    assert hooks.classify_hook(hook).reason == "hook point createRuntime is not run"
+
+
+def test_the_1_20_2_spec_plans_every_hook_and_keeps_the_new_mounts(sample_spec_1202):
+    """The T4 spec of 1.20.2's shape: the memory hook skipped with its reason, the void mount
+    and the R615 ucode firmware applied as plain read-only mounts (not libraries)."""
+    from substrate_gpu import cdi
+    from substrate_gpu.injection import oci
+
+    edits = cdi.edits_for_all(sample_spec_1202)
+    plan = oci.plan_injection(edits, (), driver_root="/", hook_binary="/opt/nvidia-toolkit/h")
+    # Two spec-level link hooks and the `all` device's /dev/dri/by-path links.
+    assert sorted(plan.hook_subcommands) == ["create-symlinks"] * 3 + ["enable-cuda-compat"]
+    assert set(plan.skipped_hook_names) == {
+        "apply-cuda-memory-limits",
+        "update-ldcache",
+        "disable-device-node-modification",
+        "update-application-profile",
+    }
+    by_destination = {m.container_path: m for m in plan.mounts}
+    void = by_destination["/var/run/nvidia-container-devices/void"]
+    assert (void.host_path, void.options) == ("/dev/null", ("ro", "nosuid", "nodev", "bind"))
+    assert "/lib/firmware/nvidia/615.71.09/ucodes_tu10x.bin" in by_destination
+    assert not [lib for lib, _ in plan.libraries if "firmware" in str(lib)]
+    assert "NVIDIA_VISIBLE_DEVICES=void" not in plan.env
+
+
+@pytest.mark.parametrize(
+    ("env", "warned"),
+    [
+        pytest.param(["NVIDIA_GPU_MEMORY_LIMIT=4096"], "NVIDIA_GPU_MEMORY_LIMIT", id="limit"),
+        pytest.param(
+            ["NVIDIA_GPU_MEMORY_REQUEST=1", "NVIDIA_GPU_MEMORY_LIMIT=2"],
+            "NVIDIA_GPU_MEMORY_REQUEST,NVIDIA_GPU_MEMORY_LIMIT",
+            id="both",
+        ),
+        pytest.param(["OTHER=1"], None, id="neither"),
+    ],
+)
+def test_memory_limits_the_actor_asks_for_are_reported_unapplied(
+    node_edits, gpu_node, tmp_path, monkeypatch, env, warned
+):
+    """An actor env asking for GPU memory limits gets a warning naming the variables, since
+    the hook that would set them is skipped."""
+    import dataclasses
+
+    memory_hook = model.Hook(
+        hook_name="createRuntime",
+        path="/usr/bin/nvidia-cdi-hook",
+        args=("nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", "/", "--gpu-id", "G"),
+    )
+    edits = dataclasses.replace(node_edits, hooks=(*node_edits.hooks, memory_hook))
+    bundle = bundles.make_bundle(tmp_path / "bundle", ["true"], env=["PATH=/bin", *env])
+    with capture_logs() as logs:
+        monkeypatch.setattr(bundle_, "log", structlog.get_logger(bundle_.__name__))
+        bundle_.inject_gpu(
+            bundle, edits, options=injection_options(gpu_node), soname_cache=SonameCache()
+        )
+    warnings = [e for e in logs if e["event"] == "gpu_memory_limits_not_applied"]
+    if warned is None:
+        assert warnings == []
+    else:
+        assert [(w["log_level"], w["variables"]) for w in warnings] == [("warning", warned)]
+
+
+def test_no_memory_warning_without_the_hook():
+    """A spec of an older toolkit (no such hook) never claims the limits would be set."""
+    assert hooks.unapplied_memory_limits(("update-ldcache",), ["NVIDIA_GPU_MEMORY_LIMIT=1"]) == ()

@@ -156,6 +156,36 @@ def test_devices_rules_and_mounts_match_the_reference(podman, tmp_path, toolkit_
     ]
 
 
+def test_a_toolkit_1_20_2_spec_matches_the_reference_but_for_the_memory_hook(podman, tmp_path):
+    """The 1.20.2 shape: the same nodes, rules and mounts as the reference, the void mount
+    included; the reference keeps one createRuntime apply-cuda-memory-limits per GPU, we
+    keep none (skipped: docs/gpu-injection.md)."""
+    sim = node_.build_node(tmp_path / "node", gpus=(0, 2))
+    spec = generate(sim, tmp_path / "spec.json", "1.20.2")
+    reference = podman.reference_config({"spec": spec}, [f"{spec['kind']}=all"])
+    mine = ours(
+        tmp_path,
+        cdi.edits_for_all(cdi.parse_spec(json.dumps(spec))),
+        driver_root=str(sim.driver_root),
+    )
+    assert devices(mine) == devices(reference)
+    assert rules(mine) == rules(reference)
+    assert (
+        mounts_from(mine, "/dev/null")
+        == mounts_from(reference, "/dev/null")
+        == [
+            (
+                "/var/run/nvidia-container-devices/void",
+                "/dev/null",
+                ("ro", "nosuid", "nodev", "bind"),
+            )
+        ]
+    )
+    runtime_hooks = [h["args"][1:] for h in reference["hooks"]["createRuntime"]]
+    assert [h[0] for h in runtime_hooks] == ["apply-cuda-memory-limits"] * 2
+    assert "createRuntime" not in mine.get("hooks", {})
+
+
 @pytest.fixture(scope="module")
 def four_gpu_node(tmp_path_factory) -> tuple[node_.SimulatedNode, dict]:
     """A simulated 4-GPU node and the stand-in's spec for it."""
@@ -323,3 +353,38 @@ def test_mount_replacement_and_order_match_the_reference(podman, tmp_path):
     assert [m["source"] for m in reference["mounts"] if m["destination"] == "/dev/shm"] == [
         str(shm)
     ]
+
+
+def test_empty_permissions_are_rwm_like_the_reference(podman, tmp_path):
+    """``permissions: ""`` is the default ``rwm`` in podman 4.3's library as in v1.1.2."""
+    kind = cdi_oracle.unique_kind()
+    spec = single_device_spec(kind, {"deviceNodes": [{"path": "/dev/null", "permissions": ""}]})
+    reference = podman.reference_config({"spec": spec}, [f"{kind}=d"])
+    mine = ours(tmp_path, _edits(spec))
+    assert rules(mine) == rules(reference) == [("c", 1, 3, "rwm")]
+
+
+@pytest.mark.parametrize(
+    ("node", "refusal"),
+    [
+        # Its cache drops the invalid spec, so the device is "unresolvable".
+        pytest.param({"permissions": "none"}, "unresolvable CDI devices", id="none"),
+        pytest.param({"type": "c", "major": -1, "minor": 3}, None, id="negative-major"),
+    ],
+)
+def test_where_podmans_older_library_differs_from_v1_1_2(podman, tmp_path, node, refusal):
+    """podman 4.3.1 embeds the pre-rename library (github.com/container-orchestrated-devices,
+    v0.5 era): it refuses ``"none"`` (v1.1.1 added it) and accepts a negative major (v1.1.2
+    refuses it). We follow v1.1.2 in both; this pins down the oracle's age, so a newer podman
+    that agrees shows up as a failure to update these notes."""
+    kind = cdi_oracle.unique_kind()
+    spec = single_device_spec(kind, {"deviceNodes": [{"path": "/dev/null", **node}]})
+    if refusal is not None:
+        with pytest.raises(cdi_oracle.OracleRefused, match=refusal):
+            podman.reference_config({"spec": spec}, [f"{kind}=d"])
+        assert _edits(spec).device_nodes[0].permissions == "none"
+        return
+    reference = podman.reference_config({"spec": spec}, [f"{kind}=d"])
+    assert ("c", -1, 3) in {r[:3] for r in rules(reference)}
+    with pytest.raises(exceptions.CdiSpecError, match="negative device number"):
+        _edits(spec)

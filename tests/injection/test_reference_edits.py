@@ -18,9 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from substrate_gpu import exceptions
+from substrate_gpu import cdi, exceptions
 from substrate_gpu.cdi import model
+from substrate_gpu.injection import bundle as bundle_
 from substrate_gpu.injection import devices, oci
+from substrate_gpu.rootfs import SonameCache
+from substrate_gpu.testing import bundles
 
 NULL = model.DeviceNode("/dev/null")
 
@@ -70,6 +73,21 @@ def rules(config: dict) -> list[dict]:
             {"path": "/dev/null", "type": "c", "major": 1, "minor": 3, "fileMode": 0o666},
             [{"allow": True, "type": "c", "major": 1, "minor": 3, "access": "r"}],
             id="permissions-become-the-rule-access",
+        ),
+        pytest.param(
+            model.DeviceNode("/dev/nil", type="c", major=1, minor=3, permissions="none"),
+            {},
+            {"path": "/dev/nil", "type": "c", "major": 1, "minor": 3},
+            # The reference's rule with empty access, which runc refuses: no rule instead.
+            [],
+            id="v1.1.2-explicitly-empty-permissions-grant-no-access",
+        ),
+        pytest.param(
+            model.DeviceNode("/dev/nil", type="c", major=1, minor=3, permissions=None),
+            {},
+            {"path": "/dev/nil", "type": "c", "major": 1, "minor": 3},
+            [{"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"}],
+            id="v1.1.2-omitted-permissions-are-rwm",
         ),
         pytest.param(
             NULL,
@@ -253,6 +271,68 @@ def test_spec_mount_replaces_a_mount_at_the_same_destination(host):
     ]
 
 
+# --- mounts in a user namespace (id-mapped) -------------------------------------------------
+
+UID_MAP = [{"containerID": 0, "hostID": 1000, "size": 999}]
+GID_MAP = [{"containerID": 0, "hostID": 2000, "size": 777}]
+USERNS = [{"type": "user", "path": "/foo/bar"}]
+
+
+@pytest.mark.parametrize(
+    ("linux", "expected_options"),
+    [
+        pytest.param(
+            {"uidMappings": UID_MAP, "gidMappings": GID_MAP, "namespaces": USERNS},
+            [["idmap"], ["rbind", "ridmap"]],
+            id="uid-gid-mappings-idmap-and-ridmap",
+        ),
+        # v1.1.2: runc refuses an id-mapped mount unless both mappings are present.
+        pytest.param(
+            {"uidMappings": UID_MAP, "namespaces": USERNS},
+            [[], ["rbind"]],
+            id="v1.1.2-only-uid-mappings-none",
+        ),
+        pytest.param({"namespaces": USERNS}, [[], ["rbind"]], id="v1.1.2-no-mappings-none"),
+        pytest.param({}, [[], ["rbind"]], id="no-user-namespace-none"),
+    ],
+)
+def test_bind_mounts_are_id_mapped_in_a_full_user_namespace(host, linux, expected_options):
+    """TestApplyContainerEdits' user-namespace rows: a bind mount gets idmap, an rbind one
+    ridmap, only when the user namespace has both uid and gid mappings."""
+    edits = model.ContainerEdits(
+        device_nodes=(NULL,),
+        mounts=(
+            model.Mount("/some/host/path3", "/dest/path/a", type="bind"),
+            model.Mount("/some/host/path4", "/dest/path/d", type="bind", options=("rbind",)),
+        ),
+    )
+    result = apply(host, edits, {"linux": dict(linux)})
+    assert [m["options"] for m in result["mounts"]] == expected_options
+
+
+@pytest.mark.parametrize(
+    ("mount_", "expected"),
+    [
+        pytest.param(
+            model.Mount("/h", "/c", options=("ro",)), ["ro"], id="untyped-without-bind-option"
+        ),
+        pytest.param(
+            model.Mount("/h", "/c", options=("ro", "rbind", "rprivate")),
+            ["ro", "rbind", "rprivate", "ridmap"],
+            id="nvidia-ctk-rbind",
+        ),
+        pytest.param(
+            model.Mount("/h", "/c", type="bind", options=("idmap",)), ["idmap"], id="already"
+        ),
+    ],
+)
+def test_the_id_map_option_follows_the_mounts_own_options(host, mount_, expected):
+    """nvidia-ctk's untyped ``rbind`` mounts get ``ridmap``; one already mapped is left."""
+    edits = model.ContainerEdits(device_nodes=(NULL,), mounts=(mount_,))
+    config = {"linux": {"uidMappings": UID_MAP, "gidMappings": GID_MAP, "namespaces": USERNS}}
+    assert apply(host, edits, config)["mounts"][0]["options"] == expected
+
+
 # --- additionalGids ------------------------------------------------------------------------
 
 
@@ -327,3 +407,40 @@ def test_mount_merge_equals_the_reference_stable_sort(existing, added):
     planned = [(m.container_path, m.host_path) for m in plan.mounts]
     expected = sorted(kept + planned, key=lambda pair: posixpath.normpath(pair[0]).count("/"))
     assert [(m["destination"], m["source"]) for m in result["mounts"]] == expected
+
+
+# --- the parsed spec is never changed by an injection ---------------------------------------
+
+
+def test_injecting_does_not_change_the_shared_spec_or_reuse_stale_host_facts(tmp_path):
+    """The reference's v1.1.2 TestInjectDevicesDoesNotMutateCache: a node resolved from the
+    host (a FIFO) leaves the cached spec's node as written, and once the host file is no
+    longer a device node the next injection through the same caches fails, not reusing
+    what the first one read."""
+    fifo = tmp_path / "dev0"
+    os.mkfifo(fifo, 0o600)
+    specs = tmp_path / "cdi"
+    specs.mkdir()
+    (specs / "vendor1.yaml").write_text(
+        f'cdiVersion: "0.3.0"\nkind: "vendor1.com/device"\ndevices:\n  - name: "dev0"\n'
+        f"    containerEdits:\n      deviceNodes:\n      - path: {fifo}\n"
+    )
+    reader = cdi.SpecDirReader([specs])
+    edits = cdi.edits_for_devices(reader.read(), ["vendor1.com/device=dev0"])
+    plans = bundle_.PlanCache()
+    options = bundle_.InjectionOptions(driver_root="/usr/local/nvidia", dev_root=Path("/"))
+    first = bundles.make_bundle(tmp_path / "b1", ["true"])
+    report = bundle_.inject_gpu(
+        first, edits, options=options, soname_cache=SonameCache(), plan_cache=plans
+    )
+    assert [(d.path, d.type) for d in report.devices] == [(str(fifo), "p")]
+    assert report.devices[0].file_mode == 0o600
+    (cached,) = cdi.edits_for_devices(reader.read(), ["vendor1.com/device=dev0"]).device_nodes
+    assert cached == model.DeviceNode(str(fifo))
+    fifo.unlink()
+    fifo.write_bytes(b"")
+    second = bundles.make_bundle(tmp_path / "b2", ["true"])
+    with pytest.raises(exceptions.DeviceResolutionError, match="is not a device node"):
+        bundle_.inject_gpu(
+            second, edits, options=options, soname_cache=SonameCache(), plan_cache=plans
+        )

@@ -42,6 +42,8 @@ class FakeRuntime:
     """A recording ``SandboxRuntime``."""
 
     leave_running: bool = True
+    restore_creates_gpu_device_files: bool | None = None
+    """What the binary scan would say about google/gvisor#14525 (None: cannot tell)."""
     calls: list[tuple[object, ...]] = field(default_factory=list)
     containers: dict[str, _Container] = field(default_factory=dict)
     live: dict[str, int] = field(default_factory=dict)
@@ -74,6 +76,7 @@ class FakeRuntime:
         if child is None:
             child = self.roots[actor_id] = FakeRuntime(
                 leave_running=self.leave_running,
+                restore_creates_gpu_device_files=self.restore_creates_gpu_device_files,
                 calls=self.calls,
                 hang=self.hang,
                 fail=self.fail,
@@ -133,6 +136,7 @@ class FakeRuntime:
             cuda_checkpoint_path=False,
             nvproxy_driver_version=False,
             list_supported_drivers=False,
+            restore_creates_gpu_device_files=self.restore_creates_gpu_device_files,
         )
 
     async def create(self, container_id: str, bundle: Path, *, nvproxy: bool) -> None:

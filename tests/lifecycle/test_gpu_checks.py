@@ -87,7 +87,10 @@ class Tool:
 @dataclass
 class Node:
     tmp: Path
-    runtime: FakeRuntime = field(default_factory=FakeRuntime)
+    # A runsc with google/gvisor#14525: the remap paths below are not refused for lacking it.
+    runtime: FakeRuntime = field(
+        default_factory=lambda: FakeRuntime(restore_creates_gpu_device_files=True)
+    )
     smi: SandboxExec = field(default_factory=SandboxExec)
     tool: Tool = field(default_factory=lambda: Tool({1: "running"}))
 
@@ -280,6 +283,34 @@ async def test_a_remap_the_route_cannot_do_is_refused_before_runsc(
     assert isinstance(outcome, events.RestoreRefused)
     assert outcome.code == "restore-gpu-remap" and named in outcome.message
     assert node.runtime.ops("restore") == []
+
+
+@pytest.mark.parametrize(
+    ("detected", "named"),
+    [
+        pytest.param(False, "remap-metadata-gated", id="pinned-runsc"),
+        pytest.param(None, "cannot be told", id="undetectable"),
+    ],
+)
+async def test_an_exec_route_remap_on_a_runsc_without_gvisor_14525_is_refused(
+    node: Node, detected: bool | None, named: str
+) -> None:
+    """The exec route's image holds no remap metadata: without the fix, refused first."""
+    node.runtime.restore_creates_gpu_device_files = detected
+    node.memory((C, 0, 140000))
+    outcome = await restore(node, "nvidia.com/gpu=2")
+    assert isinstance(outcome, events.RestoreRefused)
+    assert outcome.code == "restore-gpu-remap"
+    assert "google/gvisor#14525" in outcome.message and named in outcome.message
+    assert node.runtime.ops("restore") == []
+
+
+async def test_the_same_gpus_restore_on_a_runsc_without_gvisor_14525(node: Node) -> None:
+    """No remap, nothing missing: the pinned runsc restores onto the same GPUs."""
+    node.runtime.restore_creates_gpu_device_files = False
+    node.memory((A, 0, 140000))
+    outcome = await restore(node, "nvidia.com/gpu=0")
+    assert isinstance(outcome, events.Restored) and outcome.device_map == ""
 
 
 async def test_too_little_free_memory_is_refused_before_runsc(node: Node) -> None:

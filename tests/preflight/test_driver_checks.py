@@ -25,7 +25,7 @@ SUPPORTED = ("535.183.01", "550.90.07", "570.133.20")
 )
 def test_check_driver_supported(version, supported, refused) -> None:
     """Only a driver nvproxy lists exactly is accepted."""
-    refusal = preflight.check_driver_supported(version, supported)
+    refusal = preflight.check_driver_supported(version, supported, architecture="amd64")
     assert (refusal is not None) == refused
     if refusal:
         assert refusal.code == "driver-unsupported"
@@ -34,10 +34,49 @@ def test_check_driver_supported(version, supported, refused) -> None:
 
 def test_unsupported_refusal_lists_the_same_branch() -> None:
     """The refusal names the supported drivers of the host's branch."""
-    refusal = preflight.check_driver_supported("550.90.12", SUPPORTED)
+    refusal = preflight.check_driver_supported("550.90.12", SUPPORTED, architecture="amd64")
     assert refusal is not None
     assert "550.90.07" in refusal.reason
     assert "before creating any sandbox" in refusal.reason
+
+
+ARM64_ONLY = ("580.65.06", "615.15.00", "615.62.00", "620.06.00")
+
+
+@pytest.mark.parametrize("version", ["615.15.00", "615.62.00", "620.06.00"])
+def test_an_arm64_only_driver_on_an_x86_node_is_refused(version) -> None:
+    """Listed, but the pin's ABI for it has no x86_64 installer: refused with the reason."""
+    refusal = preflight.check_driver_supported(version, ARM64_ONLY, architecture="amd64")
+    assert refusal is not None and refusal.code == "driver-unsupported"
+    assert (
+        f"NVIDIA driver {version} is listed by this runsc's nvproxy only as an arm64 build"
+        in refusal.reason
+    )
+    assert "no amd64 installer of it (ChecksumNoDriver)" in refusal.reason
+    assert "this node is amd64" in refusal.reason
+
+
+@pytest.mark.parametrize("version", ["615.15.00", "615.62.00", "620.06.00"])
+def test_an_arm64_only_driver_on_an_arm64_node_is_accepted(version) -> None:
+    """The same driver where it was qualified: no refusal."""
+    assert preflight.check_driver_supported(version, ARM64_ONLY, architecture="arm64") is None
+
+
+def test_an_x86_only_driver_on_an_arm64_node_is_refused() -> None:
+    """The other way round: 570.133.20 (the g4dn T4s') has no arm64 installer at the pin."""
+    refusal = preflight.check_driver_supported("570.133.20", SUPPORTED, architecture="arm64")
+    assert refusal is not None and "only as an amd64 build" in refusal.reason
+    assert preflight.check_driver_supported("570.133.20", SUPPORTED, architecture="amd64") is None
+
+
+def test_the_hint_names_only_the_drivers_of_this_architecture() -> None:
+    """An unlisted 615 driver on x86: the arm64-only 615 builds are not offered."""
+    refusal = preflight.check_driver_supported("615.71.09", ARM64_ONLY, architecture="amd64")
+    assert refusal is not None
+    assert "runsc supports 1 drivers on amd64, none of the 615 branch" in refusal.reason
+    refusal = preflight.check_driver_supported("615.71.09", ARM64_ONLY, architecture="arm64")
+    assert refusal is not None
+    assert "supported 615.x drivers on arm64: 615.15.00, 615.62.00" in refusal.reason
 
 
 @pytest.mark.parametrize(

@@ -86,19 +86,43 @@ def test_fewer_restore_gpus_than_checkpointed_pair_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    ("route", "driver", "refused"),
+    ("route", "driver", "runsc_fixed", "refused"),
     [
-        pytest.param(preflight.ROUTE_EXEC, "580.65.06", None, id="exec-580"),
-        pytest.param(preflight.ROUTE_EXEC, "570.133.20", "driver 580 or newer", id="exec-570"),
+        pytest.param(preflight.ROUTE_EXEC, "580.65.06", True, None, id="exec-580-gvisor-14525"),
+        pytest.param(
+            preflight.ROUTE_EXEC, "570.133.20", True, "driver 580 or newer", id="exec-570"
+        ),
+        # The pinned runsc: cuda-checkpoint closed every GPU file, so no remap metadata, and
+        # this build creates device files for other GPUs only from that metadata.
+        pytest.param(
+            preflight.ROUTE_EXEC,
+            "580.65.06",
+            False,
+            "carries only the remap-metadata-gated createRemappedNvproxyDeviceFiles",
+            id="exec-580-pinned-runsc",
+        ),
+        pytest.param(
+            preflight.ROUTE_EXEC,
+            "580.65.06",
+            None,
+            "whether it has the fix cannot be told",
+            id="exec-580-runsc-unknown",
+        ),
+        pytest.param(preflight.ROUTE_RUNSC, "580.65.06", True, "without a device map", id="runsc"),
+        pytest.param("", "550.90.07", False, None, id="no-cuda-state"),
         # The bound itself, both sides: 580 is the first driver with --device-map.
-        pytest.param(preflight.ROUTE_EXEC, "579.99.99", "driver 580 or newer", id="exec-579"),
-        pytest.param(preflight.ROUTE_EXEC, "580.0", None, id="exec-580.0"),
-        pytest.param(preflight.ROUTE_RUNSC, "580.65.06", "without a device map", id="runsc"),
-        pytest.param("", "550.90.07", None, id="no-cuda-state"),
+        pytest.param(preflight.ROUTE_EXEC, "579.99.99", True, "driver 580 or newer", id="exec-579"),
+        pytest.param(preflight.ROUTE_EXEC, "580.0", True, None, id="exec-580.0"),
     ],
 )
-def test_a_remapped_restore_is_refused_where_the_route_cannot_map(route, driver, refused) -> None:
-    refusal = preflight.check_remap(f"{A}={C}", route=route, driver_version=driver)
+def test_a_remapped_restore_is_refused_where_the_route_cannot_map(
+    route, driver, runsc_fixed, refused
+) -> None:
+    """Each route's remap needs: runsc's route cannot map at all, the exec route needs
+    driver 580 and a runsc with google/gvisor#14525 (detected in the binary)."""
+    refusal = preflight.check_remap(
+        f"{A}={C}", route=route, driver_version=driver, runsc_creates_device_files=runsc_fixed
+    )
     if refused is None:
         assert refusal is None
     else:
@@ -106,8 +130,31 @@ def test_a_remapped_restore_is_refused_where_the_route_cannot_map(route, driver,
         assert refused in refusal.reason and f"{A}={C}" in refusal.reason
 
 
+def test_the_runsc_refusal_says_what_is_missing_and_what_to_do() -> None:
+    """The reason names the PR, the missing device files and the two ways out."""
+    refusal = preflight.check_remap(
+        f"{A}={C}",
+        route=preflight.ROUTE_EXEC,
+        driver_version="580.65.06",
+        runsc_creates_device_files=False,
+    )
+    assert refusal is not None
+    for words in ("google/gvisor#14525", "no device remap metadata", "/dev/nvidiaN"):
+        assert words in refusal.reason
+    assert "Restore onto the same GPUs, or upgrade runsc" in refusal.reason
+
+
 def test_no_remap_is_never_refused() -> None:
-    assert preflight.check_remap("", route=preflight.ROUTE_RUNSC, driver_version="535.1") is None
+    for fixed in (True, False, None):
+        assert (
+            preflight.check_remap(
+                "",
+                route=preflight.ROUTE_EXEC,
+                driver_version="535.1",
+                runsc_creates_device_files=fixed,
+            )
+            is None
+        )
 
 
 def test_too_little_free_memory_is_refused_naming_the_gpu() -> None:

@@ -92,7 +92,64 @@ async def test_features_carry_the_sha256_of_the_runsc_binary(make_driver: MakeDr
 
 def test_an_unreadable_runsc_binary_has_no_hash(tmp_path: Path) -> None:
     """A runsc that cannot be read hashes to empty (its --version fails first, typed)."""
-    assert driver.binary_sha256(str(tmp_path / "no-runsc")) == ""
+    facts = driver.scan_binary(str(tmp_path / "no-runsc"))
+    assert (facts.sha256, facts.restore_creates_gpu_device_files) == ("", None)
+
+
+@pytest.mark.parametrize(
+    ("symbols", "expected"),
+    [
+        pytest.param([driver.RESTORE_DEVICE_FILES_FIXED], True, id="gvisor-14525"),
+        pytest.param([driver.RESTORE_DEVICE_FILES_REMAP_GATED], False, id="remap-gated-only"),
+        # Mid-way builds cannot exist (the fix removes the gated function); the fix wins.
+        pytest.param(
+            [driver.RESTORE_DEVICE_FILES_REMAP_GATED, driver.RESTORE_DEVICE_FILES_FIXED],
+            True,
+            id="both",
+        ),
+        pytest.param([b"boot.(*Loader).somethingElse"], None, id="neither"),
+    ],
+)
+def test_restore_device_files_are_detected_from_the_binary(
+    tmp_path: Path, symbols: list[bytes], expected: bool | None
+) -> None:
+    """The symbol names in the executable decide, wherever they lie: here each straddles a
+    1 MiB read boundary (the scan reads the file in 1 MiB blocks)."""
+    binary = tmp_path / "runsc"
+    with binary.open("wb") as f:
+        for index, symbol in enumerate(symbols):
+            f.seek((index + 1) * (1 << 20) - len(symbol) // 2)
+            f.write(symbol)
+        f.write(b"\0" * 100)
+    facts = driver.scan_binary(str(binary))
+    assert facts.restore_creates_gpu_device_files is expected
+    assert facts.sha256 == hashlib.sha256(binary.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("flags", "legacy"),
+    [
+        pytest.param(
+            "  -nvproxy\n    \tLEGACY: enable support for Nvidia GPUs. GPU support gets"
+            " automatically enabled if Nvidia devices are present in the OCI spec.\n"
+            "  -nvproxy-docker\n    \tLEGACY: Injects nvidia-container-runtime-hook\n",
+            True,
+            id="pinned-gvisor",
+        ),
+        pytest.param(
+            "  -nvproxy\n    \tEnable support for Nvidia GPUs.\n"
+            "  -nvproxy-docker\n    \tLEGACY: Injects nvidia-container-runtime-hook\n",
+            False,
+            id="older-runsc",
+        ),
+        pytest.param("  -network string\n    \tnetwork\n", False, id="no-nvproxy-flag"),
+    ],
+)
+def test_the_nvproxy_flag_is_read_as_legacy_from_its_own_usage_line(
+    flags: str, legacy: bool
+) -> None:
+    """Only --nvproxy's own description counts (--nvproxy-docker is legacy everywhere)."""
+    assert driver.nvproxy_flag_is_legacy(flags) is legacy
 
 
 async def test_version_is_the_first_line_of_runsc_version(

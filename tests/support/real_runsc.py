@@ -38,6 +38,26 @@ def cached_binary() -> Path:
     return cache / "runsc" / pinned_version() / "runsc"
 
 
+def pinned_source() -> Path | None:
+    """The pinned gVisor module's source in the Go module cache (``go mod download`` by
+    ``scripts/build-runsc.sh`` leaves it there), or None."""
+    module = version = ""
+    for line in PIN.read_text(encoding="utf-8").splitlines():
+        key, _, value = line.partition("=")
+        if key == "module":
+            module = value.strip()
+        elif key == "version":
+            version = value.strip()
+    try:
+        cache = subprocess.run(
+            ["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    path = Path(cache) / f"{module}@{version}"
+    return path if path.is_dir() else None
+
+
 def find() -> Path | None:
     """The real runsc binary, or None when it has not been built here."""
     override = os.environ.get("SUBSTRATE_GPU_RUNSC")
