@@ -591,13 +591,7 @@ def main(workdir: Path | None, out: TextIO) -> DemoResult:
     ``workdir`` must be empty or absent: a previous run's node, event log and checkpoints
     would be mixed into this one (its log already holds the demo's actors)."""
     if workdir is not None:
-        if workdir.is_dir() and any(workdir.iterdir()):
-            raise exceptions.ConfigError(
-                f"while starting the demo in {workdir}: the directory is not empty (a previous "
-                "run's files?); give a new or empty --workdir, or remove this one"
-            )
-        workdir.mkdir(parents=True, exist_ok=True)
-        workdir = workdir.resolve()
+        workdir = _fresh_workdir(workdir)
         try:
             return anyio.run(run_demo_async, workdir, out)
         finally:
@@ -609,6 +603,25 @@ def main(workdir: Path | None, out: TextIO) -> DemoResult:
             return anyio.run(run_demo_async, Path(tmp), out, Path(kept))
         finally:
             cleanup_containers(Path(tmp))
+
+
+def _fresh_workdir(workdir: Path) -> Path:
+    """``workdir``, made if absent and resolved; a clear error when it cannot be the demo's."""
+    if workdir.exists() and not workdir.is_dir():
+        raise exceptions.ConfigError(
+            f"while starting the demo in {workdir}: it exists and is not a directory; give a "
+            "new or empty directory as --workdir"
+        )
+    if workdir.is_dir() and any(workdir.iterdir()):
+        raise exceptions.ConfigError(
+            f"while starting the demo in {workdir}: the directory is not empty (a previous "
+            "run's files?); give a new or empty --workdir, or remove this one"
+        )
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a parent that is a file, no permission, a read-only place
+        raise exceptions.ConfigError(f"while making the demo's --workdir {workdir}: {e}") from e
+    return workdir.resolve()
 
 
 def cleanup_containers(workdir: Path) -> None:
