@@ -150,7 +150,7 @@ def test_the_worker_api_socket_is_named_with_how_to_talk_to_it(tmp_path: Path) -
                 "client",
                 "--socket",
                 str(worker_socket),
-                *["actors"],
+                "actors",
             ],
             capture_output=True,
             text=True,
