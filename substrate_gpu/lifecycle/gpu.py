@@ -170,8 +170,16 @@ class GpuSettings:
         chosen = cudackpt.choose_suspend_route(
             dataclasses.replace(features, cuda_checkpoint_path=runsc_ok), exec_ok, pool
         )
-        if chosen.refuses and notes and pool == "auto":
-            return cudackpt.Route(chosen.name, f"{chosen.reason} ({'; '.join(notes)})")
+        if chosen.refuses and pool == "auto":
+            reason = chosen.reason
+            if features.cuda_checkpoint_path:  # runsc has the flag; its route is unusable here
+                reason = (
+                    "runsc's checkpoint --cuda-checkpoint-path cannot be used here and "
+                    "cuda-checkpoint is not available inside the sandbox"
+                )
+            if notes:
+                reason = f"{reason} ({'; '.join(notes)})"
+            return cudackpt.Route(chosen.name, reason)
         return chosen
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 import time
@@ -164,3 +165,9 @@ def test_a_workdir_that_cannot_be_a_directory_is_refused_in_one_line(tmp_path, m
     (line,) = done.stderr.strip().splitlines()
     assert str(workdir) in line and words in line and "--workdir" in line
     assert existing.read_text() == "mine\n"
+
+
+def test_it_names_one_runsc_version(ran):
+    """The header's runsc is the only one named: no refusal reason brings in the stand-in's."""
+    _, output, _ = ran
+    assert len(set(re.findall(r"runsc version (\S+)", output))) <= 1, output
