@@ -31,15 +31,19 @@ must equal the live ones.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
@@ -584,12 +588,31 @@ async def run_demo_async(workdir: Path, out: TextIO, keep_log_as: Path | None = 
     )
 
 
+class Terminated(KeyboardInterrupt):
+    """The demo was stopped by SIGTERM, after the same cleanup as Ctrl-C (a
+    KeyboardInterrupt too, so whatever handles an interrupted run handles this one)."""
+
+
 def main(workdir: Path | None, out: TextIO) -> DemoResult:
     """Run in ``workdir`` (everything kept) or a temporary directory (removed afterwards,
     except the event log, copied next to it so ``replay`` can read it).
 
     ``workdir`` must be empty or absent: a previous run's node, event log and checkpoints
-    would be mixed into this one (its log already holds the demo's actors)."""
+    would be mixed into this one (its log already holds the demo's actors).
+
+    SIGTERM stops it as Ctrl-C does (:func:`_sigterm_as_ctrl_c`): sandboxes deleted, the
+    gVisor network namespace unmounted, a temporary directory removed, its event log kept;
+    then :class:`Terminated` is raised."""
+    with _sigterm_as_ctrl_c() as terminated:
+        try:
+            return _run(workdir, out)
+        except KeyboardInterrupt:
+            if terminated:
+                raise Terminated from None
+            raise
+
+
+def _run(workdir: Path | None, out: TextIO) -> DemoResult:
     if workdir is not None:
         workdir = _fresh_workdir(workdir)
         try:
@@ -601,8 +624,51 @@ def main(workdir: Path | None, out: TextIO) -> DemoResult:
         os.close(fd)
         try:
             return anyio.run(run_demo_async, Path(tmp), out, Path(kept))
+        except BaseException:
+            # Interrupted or failed: what happened so far is kept, not an empty file.
+            _keep_log(Path(tmp) / "events.jsonl", Path(kept), out)
+            raise
         finally:
             cleanup_containers(Path(tmp))
+
+
+def _keep_log(log: Path, kept: Path, out: TextIO) -> None:
+    """Copy an unfinished run's event log out of the directory about to be removed, and say
+    where (an empty placeholder is removed when the run never wrote one)."""
+    if not log.is_file():
+        kept.unlink(missing_ok=True)
+        return
+    shutil.copyfile(log, kept)
+    with contextlib.suppress(OSError, ValueError):  # a reader gone, a closed stream
+        print(f"stopped early; event log (kept): {kept}", file=out, flush=True)
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[list[int]]:
+    """While inside, SIGTERM takes Ctrl-C's way out: it calls whatever SIGINT handler is in
+    place (asyncio's, which cancels the run so every ``finally`` and ``async with`` unwinds,
+    or Python's, which raises KeyboardInterrupt). Yields the SIGTERMs received.
+
+    Without it SIGTERM kills the process at once, leaving a live gVisor sandbox, its nsfs
+    mount and the temporary directory behind. Only the main thread can take signals."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def on_sigterm(signum: int, frame: types.FrameType | None) -> None:
+        received.append(signum)
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:  # SIGINT ignored or default at the C level: interrupt as Python would
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _fresh_workdir(workdir: Path) -> Path:
