@@ -50,9 +50,9 @@ from typing import Any, Final, TextIO
 
 import anyio
 import anyio.abc
-import structlog
 
 from substrate_gpu import eventlog, exceptions
+from substrate_gpu._log import get_logger
 from substrate_gpu.injection import toolkit
 from substrate_gpu.lifecycle import Agent, Transition, events
 from substrate_gpu.probes.api import CudaContextProbe, GpuClient
@@ -91,7 +91,7 @@ echo "{lib64}/libcuda.so.1 -> $(readlink {lib64}/libcuda.so.1)"
 
 WAIT_S: Final = 30.0
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -44,16 +44,16 @@ from typing import Any, Final, Protocol
 import anyio
 import grpc
 import grpc.aio
-import structlog
 from google.protobuf import message
 
 from substrate_gpu import _blocking, _defaults, _private, exceptions
+from substrate_gpu._log import get_logger
 from substrate_gpu.injection import devices
 from substrate_gpu.lifecycle import Agent, actors, errors, events, hooks
 from substrate_gpu.service import _socketfile, cgroup_stats, protocol, worker_requests
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 SERVICE: Final = pb.DESCRIPTOR.services_by_name["Worker"]
 """``ateworker.Worker`` as our .proto describes it: the methods served."""
