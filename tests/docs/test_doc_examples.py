@@ -427,6 +427,25 @@ async def test_embedding_example_prints_what_its_last_comment_says(
 
 
 @pytest.mark.anyio
+async def test_worker_client_example_prints_what_its_last_comment_says(tmp_path: Path) -> None:
+    """worker-api.md's Python client, against a real agent serving the worker socket (its
+    path moved)."""
+    from service.workerclient import connect
+
+    language, code = example("worker-api.md", "worker-client")
+    assert language == "python"
+    socket = tmp_path / "worker" / "worker.sock"
+    code = moved(code, {"/var/lib/ate/workers/POD_UID/worker.sock": str(socket)})
+    agent = AgentProcess.on_socket(tmp_path, "--worker-socket", str(socket), "--atelet-socket", "")
+    try:
+        connect(socket)
+        printed = await run_python(code, "worker-api.md", {})
+    finally:
+        agent.terminate()
+    assert printed.splitlines() == trailing_comments(code)
+
+
+@pytest.mark.anyio
 async def test_gpu_settings_example_prints_what_its_last_comment_says(
     runc_path: str, tmp_path: Path
 ) -> None:
