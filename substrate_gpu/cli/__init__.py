@@ -10,6 +10,7 @@ Exit codes (documented in the README):
   message says what and where; nothing was half-written
 - 2: the command line itself is wrong (argparse; the usage printed is the typed command's)
 - 3: validation found problems in the input (``pool validate``, ``pool render``)
+- 130: interrupted (Ctrl-C); 143: ``demo`` stopped by SIGTERM, cleaned up as after Ctrl-C
 
 Error messages are worded in one place, :mod:`._errors`.
 """
