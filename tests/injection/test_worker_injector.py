@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from support.gpu_nodes import injection_options, toolkit_config
+from support.real import missing
 
 from substrate_gpu.exceptions import DeviceRequestError
 from substrate_gpu.injection import bundle as bundle_
@@ -190,6 +191,6 @@ def test_dev_shm_is_found_memory_backed_on_this_host():
         line.split()[1]: line.split()[2] for line in Path("/proc/mounts").read_text().splitlines()
     }
     if types.get(str(shm)) != "tmpfs" or types.get("/") in injector_.MEMORY_FILESYSTEMS:
-        pytest.skip("/dev/shm is no tmpfs here, or / is one")
+        missing("a tmpfs at /dev/shm and a device-backed /", "is not what this host mounts")
     assert injector_._on_memory_filesystem(shm.stat().st_dev) is True
     assert injector_._on_memory_filesystem(Path("/").stat().st_dev) is False
