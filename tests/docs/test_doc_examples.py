@@ -107,7 +107,7 @@ def moved(code: str, moves: dict[str, str]) -> str:
 
 async def run_python(code: str, doc: str, namespace: dict[str, Any]) -> str:
     """Run an example (top-level ``await`` allowed) in ``namespace``; what it printed (the
-    package's log lines, which structlog writes to stdout by default, left out)."""
+    package's log lines captured apart, whatever logging an earlier test configured)."""
     compiled = compile(code, f"docs/{doc}", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     out = io.StringIO()
     with contextlib.redirect_stdout(out), structlog.testing.capture_logs():
