@@ -31,24 +31,28 @@ must equal the live ones.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
 
 import anyio
 import anyio.abc
-import structlog
 
 from substrate_gpu import eventlog, exceptions
+from substrate_gpu._log import get_logger
 from substrate_gpu.injection import toolkit
 from substrate_gpu.lifecycle import Agent, Transition, events
 from substrate_gpu.probes.api import CudaContextProbe, GpuClient
@@ -87,7 +91,7 @@ echo "{lib64}/libcuda.so.1 -> $(readlink {lib64}/libcuda.so.1)"
 
 WAIT_S: Final = 30.0
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -584,20 +588,33 @@ async def run_demo_async(workdir: Path, out: TextIO, keep_log_as: Path | None = 
     )
 
 
+class Terminated(KeyboardInterrupt):
+    """The demo was stopped by SIGTERM, after the same cleanup as Ctrl-C (a
+    KeyboardInterrupt too, so whatever handles an interrupted run handles this one)."""
+
+
 def main(workdir: Path | None, out: TextIO) -> DemoResult:
     """Run in ``workdir`` (everything kept) or a temporary directory (removed afterwards,
     except the event log, copied next to it so ``replay`` can read it).
 
     ``workdir`` must be empty or absent: a previous run's node, event log and checkpoints
-    would be mixed into this one (its log already holds the demo's actors)."""
+    would be mixed into this one (its log already holds the demo's actors).
+
+    SIGTERM stops it as Ctrl-C does (:func:`_sigterm_as_ctrl_c`): sandboxes deleted, the
+    gVisor network namespace unmounted, a temporary directory removed, its event log kept;
+    then :class:`Terminated` is raised."""
+    with _sigterm_as_ctrl_c() as terminated:
+        try:
+            return _run(workdir, out)
+        except KeyboardInterrupt:
+            if terminated:
+                raise Terminated from None
+            raise
+
+
+def _run(workdir: Path | None, out: TextIO) -> DemoResult:
     if workdir is not None:
-        if workdir.is_dir() and any(workdir.iterdir()):
-            raise exceptions.ConfigError(
-                f"while starting the demo in {workdir}: the directory is not empty (a previous "
-                "run's files?); give a new or empty --workdir, or remove this one"
-            )
-        workdir.mkdir(parents=True, exist_ok=True)
-        workdir = workdir.resolve()
+        workdir = _fresh_workdir(workdir)
         try:
             return anyio.run(run_demo_async, workdir, out)
         finally:
@@ -607,8 +624,70 @@ def main(workdir: Path | None, out: TextIO) -> DemoResult:
         os.close(fd)
         try:
             return anyio.run(run_demo_async, Path(tmp), out, Path(kept))
+        except BaseException:
+            # Interrupted or failed: what happened so far is kept, not an empty file.
+            _keep_log(Path(tmp) / "events.jsonl", Path(kept), out)
+            raise
         finally:
             cleanup_containers(Path(tmp))
+
+
+def _keep_log(log: Path, kept: Path, out: TextIO) -> None:
+    """Copy an unfinished run's event log out of the directory about to be removed, and say
+    where (an empty placeholder is removed when the run never wrote one)."""
+    if not log.is_file():
+        kept.unlink(missing_ok=True)
+        return
+    shutil.copyfile(log, kept)
+    with contextlib.suppress(OSError, ValueError):  # a reader gone, a closed stream
+        print(f"stopped early; event log (kept): {kept}", file=out, flush=True)
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[list[int]]:
+    """While inside, SIGTERM takes Ctrl-C's way out: it calls whatever SIGINT handler is in
+    place (asyncio's, which cancels the run so every ``finally`` and ``async with`` unwinds,
+    or Python's, which raises KeyboardInterrupt). Yields the SIGTERMs received.
+
+    Without it SIGTERM kills the process at once, leaving a live gVisor sandbox, its nsfs
+    mount and the temporary directory behind. Only the main thread can take signals."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def on_sigterm(signum: int, frame: types.FrameType | None) -> None:
+        received.append(signum)
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:  # SIGINT ignored or default at the C level: interrupt as Python would
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _fresh_workdir(workdir: Path) -> Path:
+    """``workdir``, made if absent and resolved; a clear error when it cannot be the demo's."""
+    if workdir.exists() and not workdir.is_dir():
+        raise exceptions.ConfigError(
+            f"while starting the demo in {workdir}: it exists and is not a directory; give a "
+            "new or empty directory as --workdir"
+        )
+    if workdir.is_dir() and any(workdir.iterdir()):
+        raise exceptions.ConfigError(
+            f"while starting the demo in {workdir}: the directory is not empty (a previous "
+            "run's files?); give a new or empty --workdir, or remove this one"
+        )
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a parent that is a file, no permission, a read-only place
+        raise exceptions.ConfigError(f"while making the demo's --workdir {workdir}: {e}") from e
+    return workdir.resolve()
 
 
 def cleanup_containers(workdir: Path) -> None:

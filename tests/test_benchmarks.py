@@ -33,7 +33,16 @@ def test_benchmarks_are_discovered():
 def smoke_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """``<script> --smoke``, run once per script (its checks share the run)."""
     script: Path = request.param
-    env = {**os.environ, "TMPDIR": str(tmp_path_factory.mktemp(script.stem))}
+    tmp = tmp_path_factory.mktemp(script.stem)
+    # The package prints nothing unconfigured (a library's convention); the standard
+    # library's logging, configured at every start here, shows its warnings anyway.
+    site = tmp / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import logging\nlogging.basicConfig(level=logging.WARNING)\n"
+    )
+    pythonpath = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": pythonpath}
     return subprocess.run(
         [sys.executable, str(script), "--smoke"],
         capture_output=True,
@@ -53,11 +62,14 @@ def test_benchmark_runs_in_smoke_mode(smoke_run: subprocess.CompletedProcess[str
 
 
 def _warnings(output: str) -> list[str]:
-    """structlog warning lines, in its console form or its JSON form."""
+    """Warning lines: structlog's console or JSON form, or the standard library's."""
     return [
         line
         for line in output.splitlines()
-        if "[warning" in line or '"level": "warning"' in line or '"level":"warning"' in line
+        if "[warning" in line
+        or '"level": "warning"' in line
+        or '"level":"warning"' in line
+        or line.startswith("WARNING:")
     ]
 
 

@@ -6,6 +6,11 @@ library (the handler every structlog and foreign record goes through). Anywhere 
 context (``actor_id``, ``event_type``) and the shared processors. The one exception is
 turning a third-party library's stdlib logger down (``transitions`` logs every trigger at
 INFO, brief §8): ``logging.getLogger("<library>").setLevel(...)``.
+
+:mod:`substrate_gpu._log` is the other: every module takes its logger from its
+``get_logger`` (never ``structlog.get_logger``), which, while structlog is unconfigured,
+hands records to the package's stdlib loggers under a ``NullHandler`` instead of structlog's
+default of printing to stdout (a library writes nothing until configured).
 """
 
 from __future__ import annotations
@@ -64,7 +69,24 @@ def _is_logging_attr(func: ast.expr, name: str) -> bool:
     )
 
 
-MODULES = sorted(p for p in PACKAGE_DIR.rglob("*.py") if p != CONFIG_MODULE)
+ROUTING_MODULE = PACKAGE_DIR / "_log.py"
+MODULES = sorted(p for p in PACKAGE_DIR.rglob("*.py") if p not in {CONFIG_MODULE, ROUTING_MODULE})
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE_DIR)))
+def test_module_takes_its_logger_from_the_package(path):
+    """``_log.get_logger``, not ``structlog.get_logger``: unconfigured, structlog's own prints
+    to stdout."""
+    tree = ast.parse(path.read_text())
+    direct = [
+        f"line {node.lineno}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr in {"get_logger", "getLogger"}
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "structlog"
+    ]
+    assert direct == []
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE_DIR)))

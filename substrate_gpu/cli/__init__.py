@@ -10,6 +10,7 @@ Exit codes (documented in the README):
   message says what and where; nothing was half-written
 - 2: the command line itself is wrong (argparse; the usage printed is the typed command's)
 - 3: validation found problems in the input (``pool validate``, ``pool render``)
+- 130: interrupted (Ctrl-C); 143: ``demo`` stopped by SIGTERM, cleaned up as after Ctrl-C
 
 Error messages are worded in one place, :mod:`._errors`.
 """
@@ -93,6 +94,24 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         # Subparsers are built with the parent's class, so every level gets the action.
         self.register("action", "parsers", _SubcommandAction)
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """A choice one typo away from a valid one (``agnet``) is named: did you mean it?
+
+        argparse names the nearest choice itself only from Python 3.14 (``suggest_on_error``).
+        """
+        choices = action.choices
+        if choices is not None and isinstance(value, str) and value not in choices:
+            import difflib  # noqa: PLC0415 - only on a mistake
+
+            close = difflib.get_close_matches(value, [str(c) for c in choices], n=1)
+            if close:
+                listed = ", ".join(repr(str(c)) for c in choices)
+                raise argparse.ArgumentError(
+                    action,
+                    f"invalid choice: {value!r} (did you mean {close[0]!r}? choose from {listed})",
+                )
+        super()._check_value(action, value)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,11 +7,12 @@ import dataclasses
 import functools
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from substrate_gpu import _defaults, exceptions
-from substrate_gpu.cli import _deferred
+from substrate_gpu.cli import _deferred, _types
 
 if TYPE_CHECKING:
     from substrate_gpu.service import config as config_
@@ -207,7 +208,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{toolkit.DEFAULT_DRIVER_ROOT})",
     )
     _defaulted(
-        runtime, "--toolkit-dir", Path, toolkit.DEFAULT_TOOLKIT_DIR, "the mounted NVIDIA toolkit"
+        runtime,
+        "--toolkit-dir",
+        _types.absolute_path,
+        toolkit.DEFAULT_TOOLKIT_DIR,
+        "the mounted NVIDIA toolkit",
     )
     _defaulted(
         runtime,
@@ -242,7 +247,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _defaulted(
-    group: argparse._ArgumentGroup, flag: str, kind: type, default: object, help: str
+    group: argparse._ArgumentGroup,
+    flag: str,
+    kind: Callable[[str], object],
+    default: object,
+    help: str,
 ) -> None:
     """A flag with a value and a default, the default named in its help."""
     group.add_argument(flag, type=kind, default=default, help=f"{help} (default: %(default)s)")

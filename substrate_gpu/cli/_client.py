@@ -84,10 +84,9 @@ def run(args: argparse.Namespace) -> int:
     lines = list(_lines(args))
     refused = 0
     with _connected(args.socket) as stream:
-        for number, answer in enumerate(_exchange(stream, lines, args.socket), start=1):
+        for number, (answer, body) in enumerate(_exchange(stream, lines, args.socket), start=1):
             sys.stdout.write(answer.decode())
             sys.stdout.flush()
-            body: dict[str, Any] = json.loads(answer)
             if body.get("ok") is not True:
                 refused += 1
                 print(
@@ -165,8 +164,11 @@ def _connected(path: Path) -> Iterator[socket.socket]:
         yield stream
 
 
-def _exchange(stream: socket.socket, lines: Iterable[bytes], path: Path) -> Iterator[bytes]:
-    """Send each line and read its answer (one at a time: answers come in order)."""
+def _exchange(
+    stream: socket.socket, lines: Iterable[bytes], path: Path
+) -> Iterator[tuple[bytes, dict[str, Any]]]:
+    """Send each line and read its answer (one at a time: answers come in order): the line
+    as it came, and parsed."""
     reader = stream.makefile("rb")
     for line in lines:
         try:
@@ -181,4 +183,42 @@ def _exchange(stream: socket.socket, lines: Iterable[bytes], path: Path) -> Iter
                 f"while talking to the agent on {path}: it closed the connection "
                 "before answering (is it shutting down?)"
             )
-        yield answer
+        yield answer, _parsed_answer(answer, path)
+
+
+#: What the other end says first when it is a gRPC server, as every HTTP/2 server does (RFC
+#: 9113 §3.4: the server's connection preface is a SETTINGS frame): a 9-byte frame header of
+#: type 0x4 on stream 0. The agent's JSON socket never speaks first, nor in binary.
+_HTTP2_SETTINGS_TYPE = 0x04
+
+
+def _is_http2_preface(answer: bytes) -> bool:
+    """Whether ``answer`` starts with an HTTP/2 SETTINGS frame header (the server preface)."""
+    if len(answer) < 9:
+        return False
+    length = int.from_bytes(answer[:3], "big")
+    stream = int.from_bytes(answer[5:9], "big") & 0x7FFF_FFFF
+    return answer[3] == _HTTP2_SETTINGS_TYPE and stream == 0 and length % 6 == 0
+
+
+def _parsed_answer(answer: bytes, path: Path) -> dict[str, Any]:
+    """The agent's answer, parsed. One that is no JSON line is refused in words: the gRPC
+    worker API socket (the likeliest mistake: the agent serves both) is named, with how to
+    talk to it."""
+    if _is_http2_preface(answer):
+        raise exceptions.SubstrateGpuError(
+            f"while talking to the agent on {path}: this socket speaks HTTP/2 (gRPC): it is "
+            "the worker API socket (`agent --worker-socket`), service ateworker.Worker, not "
+            "the agent's JSON-lines socket (`agent --socket`) this command talks to. Call the "
+            f"worker API with grpcurl (`grpcurl -plaintext -unix {path} list`) or the Python "
+            'stubs in substrate_gpu.service.ateworker; see docs/worker-api.md, "Clients"'
+        )
+    try:
+        body: dict[str, Any] = json.loads(answer)
+    except ValueError:  # not UTF-8 (UnicodeDecodeError) or not JSON
+        shown = answer[:32]
+        raise exceptions.SubstrateGpuError(
+            f"while talking to the agent on {path}: the answer is not a JSON line (it starts "
+            f"{shown!r}); is {path} the socket of `substrate-gpu agent --socket`?"
+        ) from None
+    return body

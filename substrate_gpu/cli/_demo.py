@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -32,5 +33,8 @@ def run(args: argparse.Namespace) -> int:
     # The demo imports the test kit (substrate_gpu.testing): loaded only when the demo runs.
     from substrate_gpu import demo  # noqa: PLC0415
 
-    result = demo.main(args.workdir, sys.stdout)
+    try:
+        result = demo.main(args.workdir, sys.stdout)
+    except demo.Terminated:
+        return 128 + signal.SIGTERM  # cleaned up as after Ctrl-C (130), told apart
     return EXIT_OK if dict(result.replayed_states) == dict(result.final_states) else EXIT_FAILED

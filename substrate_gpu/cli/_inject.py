@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from substrate_gpu import _defaults, exceptions
+from substrate_gpu.cli import _types
 from substrate_gpu.cli._exitcodes import EXIT_OK
 
 # The injection stack is imported by the handlers: every other command, `--help` included,
@@ -45,7 +46,7 @@ def _common_paths(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--toolkit-dir",
         default=str(_defaults.TOOLKIT_DIR),
-        type=Path,
+        type=_types.absolute_path,
         help="the mounted NVIDIA toolkit (default: /opt/nvidia-toolkit)",
     )
     parser.add_argument(

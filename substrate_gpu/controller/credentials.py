@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import structlog
 import yaml
 from kubernetes_asyncio import client, config
 
 from substrate_gpu import exceptions
+from substrate_gpu._log import get_logger
 from substrate_gpu.controller import kube
 from substrate_gpu.pools import crd, model
 
@@ -43,7 +43,7 @@ REFUSAL_GRACE_S = 10.0
 """How long 401 or 403 answers may last before they are final: a freshly started API
 server answers them for a moment, until its authenticator and RBAC caches have synced."""
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 
 class CredentialsError(exceptions.ConfigError):

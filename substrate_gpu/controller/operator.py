@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
-import structlog
 
+from substrate_gpu._log import get_logger
 from substrate_gpu.controller import credentials, kube, reconcile
 from substrate_gpu.pools import crd, model, shaping
 
@@ -48,7 +48,7 @@ FINALIZER = f"{model.API_GROUP}/worker-deployment"
 
 _RESOURCE = (model.API_GROUP, model.API_VERSION.rsplit("/", 1)[1], crd.PLURAL)
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

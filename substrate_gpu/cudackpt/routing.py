@@ -59,17 +59,16 @@ def choose_suspend_route(
     if policy == "refuse":
         return Route("refuse", "the pool's GPU suspend policy is 'refuse'")
     if features.cuda_checkpoint_path:
-        return Route(
-            "runsc-cuda-checkpoint",
-            f"{features.version} supports checkpoint --cuda-checkpoint-path",
-        )
+        return Route("runsc-cuda-checkpoint", "runsc supports checkpoint --cuda-checkpoint-path")
     if cuda_checkpoint_available:
         return Route(
             "exec-cuda-checkpoint",
             "cuda-checkpoint runs inside the sandbox; runsc has no --cuda-checkpoint-path",
         )
+    # The runsc build is not named: its version is said once, where the agent starts, and a
+    # reason repeated on every refusal should not name a second one (a demo runs two).
     return Route(
         "refuse",
-        f"{features.version} has no checkpoint --cuda-checkpoint-path and cuda-checkpoint "
-        "is not available inside the sandbox",
+        "runsc has no checkpoint --cuda-checkpoint-path and cuda-checkpoint is not available "
+        "inside the sandbox",
     )

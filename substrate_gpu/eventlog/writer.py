@@ -59,13 +59,13 @@ from typing import Final, Protocol, Self
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
-import structlog
 
 from substrate_gpu import _atomic
+from substrate_gpu._log import get_logger
 from substrate_gpu.eventlog import errors, format, reader, replayer, seqmark, snapshot
 from substrate_gpu.lifecycle import codec, events, machine
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 
 class AppendMetrics(Protocol):

@@ -111,6 +111,8 @@ class PlanCache:
         self._plan = None
         self._resolution: _Resolution | None = None
         self._hook_binaries: dict[Path, str] = {}
+        # (hook, reason) verdicts already logged: said once per worker's spec, not per actor.
+        self._verdicts_said: set[tuple[str, str]] = set()
 
     def hook_binary(self, toolkit_dir: Path) -> str:
         """:func:`~substrate_gpu.injection.toolkit.hook_binary`, chosen once per worker
@@ -153,7 +155,18 @@ class PlanCache:
             return last[2]
         plan = oci.plan_injection(edits, resolved, driver_root=driver_root, hook_binary=hook_binary)
         self._plan = (edits, key, plan)
+        self._say_hook_verdicts(plan)
         return plan
+
+    def _say_hook_verdicts(self, plan: oci.InjectionPlan) -> None:
+        """Log each skipped hook, with its reason, the first time a plan skips it: the spec
+        decides it (every actor of the worker gets the same verdict), so one line per spec
+        load, not per injection (the per-injection line counts them: ``hooks_skipped``)."""
+        for decision in plan.skipped_hooks:
+            said = (decision.name, decision.reason)
+            if said not in self._verdicts_said:
+                self._verdicts_said.add(said)
+                log.info("cdi_hook_skipped", hook=decision.name, reason=decision.reason)
 
 
 def read_config(bundle: Path) -> oci.OciConfig:
@@ -304,8 +317,6 @@ def _inject(
             hooks_skipped=skipped,
             seconds=time.perf_counter() - started,
         )
-    for decision in plan.skipped_hooks:
-        bound.info("cdi_hook_skipped", hook=decision.name, reason=decision.reason)
     _maybe_warn_memory_limits(bound, skipped, config)
 
     links: staging.StagingReport | None = None
@@ -331,12 +342,14 @@ def _inject(
         links=links,
         seconds=time.perf_counter() - started,
     )
+    # The injection's one line at INFO (hook verdicts: once per spec, by the plan cache).
     bound.info(
         "gpu_injected",
         devices=len(resolved),
         mounts=report.mounts,
         hooks_kept=len(kept),
         hooks_skipped=len(skipped),
+        links_created=len(links.created) if links is not None else 0,
         seconds=round(report.seconds, 6),
     )
     return report

@@ -93,8 +93,13 @@ def toolkit_binary(toolkit_dir: Path, name: str) -> Path:
 
 def hook_binary(toolkit_dir: Path) -> str:
     """The toolkit's ``nvidia-cdi-hook``, preferring ``nvidia-cdi-hook.real`` (the plain
-    name is often a shell wrapper that needs tools the sandbox host side lacks)."""
-    return str(toolkit_binary(toolkit_dir, hooks_.HOOK_BINARY_NAME))
+    name is often a shell wrapper that needs tools the sandbox host side lacks).
+
+    Always an absolute path: it becomes a hook's ``path`` in config.json, which the
+    runtime-spec requires to be absolute (a relative one would be looked up from wherever
+    the runtime happens to run), so a relative ``toolkit_dir`` is taken from the current
+    directory now."""
+    return str(toolkit_binary(toolkit_dir.absolute(), hooks_.HOOK_BINARY_NAME))
 
 
 def generate_argv(config: ToolkitConfig, output: Path) -> list[str]:

@@ -21,6 +21,7 @@ from substrate_gpu.lifecycle.errors import (
     EventSchemaError,
     InvalidEvent,
     MachineDefinitionError,
+    StateUnreachable,
     StateWaitTimeout,
     SubscriptionOverflow,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "LifecycleMetrics",
     "MachineDefinitionError",
     "MachineSpec",
+    "StateUnreachable",
     "StateWaitTimeout",
     "Subscription",
     "SubscriptionOverflow",

@@ -255,32 +255,65 @@ class Agent:
         return len(self._table)
 
     async def wait_for_state(self, actor_id: str, state: str, *, timeout: float = math.inf) -> None:
-        """Return once ``actor_id`` is in ``state``; :class:`StateWaitTimeout` after ``timeout``
-        seconds, or as soon as the actor reaches a final state other than ``state``."""
+        """Return once ``actor_id`` is in ``state``.
+
+        :class:`StateUnreachable` at once when the actor can no longer get there by itself:
+        it is in a final state, or it came to rest (no effect in flight) with a reason (a
+        failure or a refusal: ``failed``, ``running`` after a refused suspend, ``suspended``
+        after a failed restore) in a state from which the machine reaches ``state`` only
+        through another external event (:attr:`MachineSpec.reachable_unaided`). So submit
+        the event, then wait: ``wait_for_state(a, "running")`` after ``run_requested`` ends
+        with the create's error the moment it fails, not after ``timeout``. An actor at
+        rest without a reason (``bundle_prepared``, a clean ``running``) is waited for: the
+        next event may still be on its way. :class:`StateWaitTimeout` after ``timeout``."""
         if state not in self._table.spec.state_names:
             raise ValueError(f"unknown state {state!r}")
         if self.state_of(actor_id) == state:
             return
-        reached = anyio.Event()
-        entry = (state, reached)
-        self._waiters.setdefault(actor_id, []).append(entry)
-        try:
-            with anyio.move_on_after(timeout):
-                await reached.wait()
-        finally:
-            waiters = self._waiters.get(actor_id, [])
-            if entry in waiters:
-                waiters.remove(entry)
-            if not waiters:
-                self._waiters.pop(actor_id, None)
+        if not self._cannot_reach(actor_id, state):
+            reached = anyio.Event()
+            entry = (state, reached)
+            self._waiters.setdefault(actor_id, []).append(entry)
+            try:
+                with anyio.move_on_after(timeout):
+                    await reached.wait()
+            finally:
+                waiters = self._waiters.get(actor_id, [])
+                if entry in waiters:
+                    waiters.remove(entry)
+                if not waiters:
+                    self._waiters.pop(actor_id, None)
         view = self.actor(actor_id)
         if view is None or view.state != state:
             now = "unknown" if view is None else view.state
             why = f" (reason: {view.reason})" if view is not None and view.reason else ""
+            if self._cannot_reach(actor_id, state):
+                raise errors.StateUnreachable(
+                    f"while waiting for actor {actor_id!r} to reach state {state!r}: it is "
+                    f"{now!r}{why}, from where it gets to {state!r} only if another event "
+                    "is sent"
+                    if now not in self._spec.final_states
+                    else f"while waiting for actor {actor_id!r} to reach state {state!r}: it "
+                    f"is {now!r}{why}, a final state"
+                )
             raise errors.StateWaitTimeout(
                 f"while waiting for actor {actor_id!r} to reach state {state!r} "
                 f"(timeout {timeout:g}s): it is {now!r}{why}"
             )
+
+    def _cannot_reach(self, actor_id: str, state: str) -> bool:
+        """Whether ``actor_id`` cannot get to ``state`` by itself (see :meth:`wait_for_state`)."""
+        actor = self._table.get(actor_id)
+        if actor is None or actor.state == state:
+            return False
+        spec = self._spec
+        if actor.state in spec.final_states:
+            return True
+        return (
+            actor.state not in spec.effects
+            and bool(actor.reason)
+            and state not in spec.reachable_unaided[actor.state]
+        )
 
     @contextlib.asynccontextmanager
     async def subscribe(self, buffer: int = 1000) -> AsyncIterator[Subscription]:
@@ -298,7 +331,6 @@ class Agent:
             subscription._push(t)
         waiters = self._waiters.get(t.actor_id)
         if waiters:
-            final = t.dest in self._table.spec.final_states
             for state, reached in waiters:
-                if state == t.dest or final:
+                if state == t.dest or self._cannot_reach(t.actor_id, state):
                     reached.set()

@@ -52,15 +52,14 @@ from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
 
-import structlog
-
 from substrate_gpu import cdi, exceptions
+from substrate_gpu._log import get_logger
 from substrate_gpu.lifecycle import errors
 
 if TYPE_CHECKING:
     from substrate_gpu.lifecycle.actors import ActorView
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,9 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import structlog
-
 from substrate_gpu import _blocking, _private, cudackpt, exceptions, preflight
+from substrate_gpu._log import get_logger
 from substrate_gpu.lifecycle import allocation, errors, events, registry, sandbox, verify
 from substrate_gpu.lifecycle import gpu as gpu_
 from substrate_gpu.lifecycle.actors import ActorView
@@ -63,7 +62,7 @@ from substrate_gpu.lifecycle.gpu import GpuSettings
 from substrate_gpu.probes.api import CudaContextProbe
 from substrate_gpu.runsc import api as runsc
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 #: The outcome event types each effect can produce (from the registry; the loader checks
 #: the effect's state accepts every one). ``effect_timed_out`` comes from the pipeline.

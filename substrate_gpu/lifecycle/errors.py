@@ -64,6 +64,14 @@ class StateWaitTimeout(exceptions.SubstrateGpuError, TimeoutError):
     """``wait_for_state`` gave up: the actor did not reach the state in time."""
 
 
+class StateUnreachable(StateWaitTimeout):
+    """``wait_for_state`` stopped early: the actor cannot reach the state by itself any more
+    (a final state, or at rest after a failure or refusal; the message has its reason).
+
+    A :class:`StateWaitTimeout` too, so code that handles the wait running out handles this
+    earlier end of it the same way."""
+
+
 class SubscriptionOverflow(exceptions.SubstrateGpuError):
     """A transition subscriber fell behind its buffer and was disconnected (it missed some)."""
 

@@ -37,15 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import structlog
-
 from substrate_gpu import cudackpt, preflight
+from substrate_gpu._log import get_logger
 from substrate_gpu.cudackpt import api as cudackpt_api
 from substrate_gpu.injection import toolkit
 from substrate_gpu.lifecycle import allocation, events
 from substrate_gpu.runsc import api as runsc_api
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 #: The driver root when none is configured (``ATE_NVIDIA_DRIVER_ROOT``'s default).
 DEFAULT_DRIVER_ROOT = toolkit.DEFAULT_DRIVER_ROOT
@@ -170,8 +169,16 @@ class GpuSettings:
         chosen = cudackpt.choose_suspend_route(
             dataclasses.replace(features, cuda_checkpoint_path=runsc_ok), exec_ok, pool
         )
-        if chosen.refuses and notes and pool == "auto":
-            return cudackpt.Route(chosen.name, f"{chosen.reason} ({'; '.join(notes)})")
+        if chosen.refuses and pool == "auto":
+            reason = chosen.reason
+            if features.cuda_checkpoint_path:  # runsc has the flag; its route is unusable here
+                reason = (
+                    "runsc's checkpoint --cuda-checkpoint-path cannot be used here and "
+                    "cuda-checkpoint is not available inside the sandbox"
+                )
+            if notes:
+                reason = f"{reason} ({'; '.join(notes)})"
+            return cudackpt.Route(chosen.name, reason)
         return chosen
 
 

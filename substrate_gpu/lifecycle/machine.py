@@ -145,6 +145,30 @@ class MachineSpec:
         return frozenset(self.effects)
 
     @cached_property
+    def reachable_unaided(self) -> Mapping[str, frozenset[str]]:
+        """State name -> the states an actor there can reach with no further external event
+        (itself included): through its effects' outcomes and the agent's own events
+        (``gpus_freed``), whatever their conditions. What ``wait_for_state`` uses to stop
+        waiting for a state an actor at rest can no longer reach."""
+        internal = {t for t, cls in events.REGISTRY.items() if not cls.external}
+        step: dict[str, set[str]] = {s: set() for s in self.state_names}
+        for t in self.transitions:
+            if t.trigger in internal:
+                for source in t.sources:
+                    step[source].add(t.dest_from(source))
+        out: dict[str, frozenset[str]] = {}
+        for start in self.state_names:
+            seen = {start}
+            todo = deque([start])
+            while todo:
+                for dest in step[todo.popleft()]:
+                    if dest not in seen:
+                        seen.add(dest)
+                        todo.append(dest)
+            out[start] = frozenset(seen)
+        return out
+
+    @cached_property
     def interpreter(self) -> Interpreter:
         """The evaluation of this spec (one per spec, shared)."""
         return Interpreter(self)

@@ -46,13 +46,13 @@ from typing import Protocol, runtime_checkable
 
 import anyio
 import anyio.lowlevel
-import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from substrate_gpu._log import get_logger
 from substrate_gpu.lifecycle import actors, allocation, effects, errors, events, hooks
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 
 @runtime_checkable

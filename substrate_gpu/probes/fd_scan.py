@@ -29,12 +29,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import structlog
-
 from substrate_gpu import _blocking
+from substrate_gpu._log import get_logger
 from substrate_gpu.probes import api
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: The NVIDIA device nodes whose open handles mean a live CUDA (or NVML) client.
 DEFAULT_DEVICE_PATTERN = r"/dev/nvidia(?:ctl|-uvm|-uvm-tools|[0-9]+)"

@@ -11,12 +11,12 @@ headers, so the cold path reads exactly what ``ld.so`` reads:
 4. the SONAME bytes in the dynamic string table, whose address (``DT_STRTAB``, a virtual
    address) is mapped to a file offset through the ``PT_LOAD`` segment that contains it.
 
-Every field is decoded with pyelftools' own structure definitions (:class:`ELFStructs`), so
-32/64-bit and both byte orders come for free; the section header table is never touched.
-
-pyelftools' definitions are compiled once into ``struct`` layouts (imported then: an
-``inject`` that mounts no library never loads pyelftools), so only ``struct`` and our own
-checks touch the bytes. Corrupt input never raises: ``struct.error``, ``OverflowError``,
+The three records read (ELF header, program header, dynamic entry) are ``struct`` layouts
+for both classes and byte orders, checked in the tests against pyelftools' own definitions
+(:class:`ELFStructs`), so they cannot drift from them. pyelftools itself is not imported:
+its ``construct`` package loads ``construct.debug`` and with it pdb, bdb, cmd and code, most
+of a cold injection's time. Only ``struct`` and our own checks touch the bytes. Corrupt
+input never raises: ``struct.error``, ``OverflowError``,
 ``ValueError`` and the like on hostile bytes (with ``OSError``) become a
 :class:`SonameUnreadable` with a reason.
 
@@ -38,10 +38,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, TypeAlias
-
-if TYPE_CHECKING:
-    from elftools.construct.core import Struct
+from typing import BinaryIO, TypeAlias
 
 _ELF_MAGIC = b"\x7fELF"
 _PT_LOAD = 1
@@ -87,9 +84,8 @@ class SonameUnreadable:
 SonameResult: TypeAlias = SonameFound | SonameAbsent | SonameUnreadable
 """The outcome of reading one file's SONAME; never an exception."""
 
-#: What decoding raises on corrupt input (brief §8): struct and our own indexing; pyelftools
-#: never sees the bytes. OSError is handled apart: an I/O error says nothing about the
-#: file's content, so it is not cached.
+#: What decoding raises on corrupt input (brief §8): struct and our own indexing. OSError is
+#: handled apart: an I/O error says nothing about the file's content, so it is not cached.
 _CORRUPT_INPUT_ERRORS: tuple[type[Exception], ...] = (
     OverflowError,
     AssertionError,
@@ -111,37 +107,13 @@ class _Corrupt(Exception):
 
 @dataclass(frozen=True)
 class _Layout:
-    """A fixed-size pyelftools struct compiled to one ``struct.Struct`` (same bytes, ~20x faster).
-
-    pyelftools' construct parser costs ~15 µs a record; a dynamic segment has dozens. The
-    layout (field names, widths, byte order) is taken from pyelftools' own definitions, so
-    the two cannot disagree; ``_compile`` checks the sizes match.
-    """
+    """One fixed-size ELF record as a ``struct.Struct``, its fields named."""
 
     names: tuple[str, ...]
     packer: struct.Struct
 
     def unpack(self, data: bytes, offset: int = 0) -> dict[str, int]:
         return dict(zip(self.names, self.packer.unpack_from(data, offset), strict=True))
-
-
-def _compile(definition: Struct, little_endian: bool) -> _Layout:
-    from elftools.construct.core import FormatField, Value  # noqa: PLC0415  (module doc)
-
-    names: list[str] = []
-    formats: list[str] = []
-    for field in definition.subcons:
-        size = field.sizeof() if not isinstance(field, Value) else 0
-        leaf = field if isinstance(field, FormatField) else getattr(field, "subcon", None)
-        if isinstance(leaf, FormatField) and leaf.sizeof() == size:
-            names.append(str(field.name))
-            formats.append(str(leaf.packer.format)[-1])
-        elif size:
-            formats.append(f"{size}x")  # a nested record we do not need (e_ident)
-    packer = struct.Struct(("<" if little_endian else ">") + "".join(formats))
-    if packer.size != definition.sizeof():
-        raise AssertionError(f"compiled {definition.name} has the wrong size")  # pragma: no cover
-    return _Layout(tuple(names), packer)
 
 
 @dataclass(frozen=True)
@@ -151,19 +123,48 @@ class _Layouts:
     dyn: _Layout
 
 
+_EHDR_FIELDS = (
+    "e_type", "e_machine", "e_version", "e_entry", "e_phoff", "e_shoff", "e_flags",
+    "e_ehsize", "e_phentsize", "e_phnum", "e_shentsize", "e_shnum", "e_shstrndx",
+)  # fmt: skip
+_PHDR32_FIELDS = (
+    "p_type", "p_offset", "p_vaddr", "p_paddr", "p_filesz", "p_memsz", "p_flags", "p_align",
+)  # fmt: skip
+_PHDR64_FIELDS = (
+    "p_type", "p_flags", "p_offset", "p_vaddr", "p_paddr", "p_filesz", "p_memsz", "p_align",
+)  # fmt: skip
+
+#: The records we decode, per ELF class: field names and ``struct`` format (byte order
+#: added), as the System V gABI lays them out (``Elf32_Ehdr``, ``Elf64_Phdr``, ...; ``e_ident``
+#: skipped: read on its own). tests/rootfs/test_rootfs_sonames.py derives the same from
+#: pyelftools' ``ELFStructs``, so the two cannot drift; importing pyelftools here instead
+#: would pull in ``elftools.construct.debug`` and with it pdb, bdb, cmd and code (~15 ms of
+#: a cold injection).
+_RECORDS: dict[int, dict[str, tuple[tuple[str, ...], str]]] = {
+    32: {
+        "ehdr": (_EHDR_FIELDS, "16xHHLLLLLHHHHHH"),
+        "phdr": (_PHDR32_FIELDS, "LLLLLLLL"),
+        "dyn": (("d_tag", "d_val"), "lL"),
+    },
+    64: {
+        "ehdr": (_EHDR_FIELDS, "16xHHLQQQLHHHHHH"),
+        "phdr": (_PHDR64_FIELDS, "LLQQQQQQ"),
+        "dyn": (("d_tag", "d_val"), "qQ"),
+    },
+}
+
+
 @functools.lru_cache(maxsize=4)
 def _layouts(little_endian: bool, elfclass: int) -> _Layouts:
     """The records we decode, for one ELF class and byte order (built once each)."""
-    from elftools.elf.structs import ELFStructs  # noqa: PLC0415  (module doc)
+    order = "<" if little_endian else ">"
+    records = _RECORDS[elfclass]
 
-    structs = ELFStructs(little_endian=little_endian, elfclass=elfclass)
-    structs.create_basic_structs()
-    structs.create_advanced_structs()
-    return _Layouts(
-        ehdr=_compile(structs.Elf_Ehdr, little_endian),
-        phdr=_compile(structs.Elf_Phdr, little_endian),
-        dyn=_compile(structs.Elf_Dyn, little_endian),
-    )
+    def layout(kind: str) -> _Layout:
+        names, fmt = records[kind]
+        return _Layout(names, struct.Struct(order + fmt))
+
+    return _Layouts(ehdr=layout("ehdr"), phdr=layout("phdr"), dyn=layout("dyn"))
 
 
 #: No real file is this large; larger offsets are corrupt, not worth a failing seek.

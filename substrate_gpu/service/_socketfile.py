@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final
 
-import structlog
-
 from substrate_gpu import exceptions
+from substrate_gpu._log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _WRITABLE_BY_OTHERS: Final = stat.S_IWGRP | stat.S_IWOTH
 

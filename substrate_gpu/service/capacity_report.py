@@ -36,15 +36,15 @@ from pathlib import Path
 from typing import Final
 
 import anyio
-import structlog
 from google.protobuf import json_format
 
 from substrate_gpu import _defaults, preflight
+from substrate_gpu._log import get_logger
 from substrate_gpu.service import atelet_dial, grpc_h2
 from substrate_gpu.service.atelet import atelet_pb2 as pb
 from substrate_gpu.service.config import AgentConfig
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 __all__ = [
     "CALL_TIMEOUT",

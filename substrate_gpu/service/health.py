@@ -34,14 +34,14 @@ from pathlib import Path
 from typing import Final
 
 import anyio
-import structlog
 
 from substrate_gpu import _process, exceptions
+from substrate_gpu._log import get_logger
 from substrate_gpu.observability import health
 from substrate_gpu.runsc import argv
 from substrate_gpu.service.config import AgentConfig
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 HEARTBEAT_INTERVAL: Final = 1.0
 """Seconds between two heartbeats of the event loop."""

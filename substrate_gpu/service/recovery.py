@@ -13,13 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
 from substrate_gpu import eventlog
+from substrate_gpu._log import get_logger
 from substrate_gpu.observability.metrics import AgentMetrics
 from substrate_gpu.runsc.api import SandboxRuntime
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -64,10 +64,10 @@ from typing import TYPE_CHECKING, BinaryIO, Final
 
 import anyio
 import anyio.to_thread
-import structlog
 from anyio.abc import ByteStream, SocketListener, TaskGroup, TaskStatus
 
 from substrate_gpu import eventlog, exceptions
+from substrate_gpu._log import get_logger
 from substrate_gpu.lifecycle import Agent, allocation, errors, events, hooks, machine
 from substrate_gpu.lifecycle.effects import GpuInjector
 from substrate_gpu.observability.http import MetricsServer
@@ -83,7 +83,7 @@ from substrate_gpu.service.config import AgentConfig
 if TYPE_CHECKING:
     from substrate_gpu.service import capacity_report
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class AgentService:

@@ -55,10 +55,10 @@ import anyio.abc
 import anyio.to_thread
 import grpc
 import grpc.aio
-import structlog
 from google.protobuf import message
 
 from substrate_gpu import _blocking, _defaults, _private, exceptions
+from substrate_gpu._log import get_logger
 from substrate_gpu.injection import devices
 from substrate_gpu.lifecycle import Agent, actors, errors, events, hooks, sandbox
 from substrate_gpu.rootfs import overlay
@@ -73,7 +73,7 @@ from substrate_gpu.service import (
 from substrate_gpu.service import config as config_
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 SERVICE: Final = pb.DESCRIPTOR.services_by_name["Worker"]
 """``ateworker.Worker`` as our .proto describes it: the methods served."""

@@ -8,7 +8,9 @@ then prints, side by side, the median over rounds of:
 - pyelftools' naive ``ELFFile(f).get_section_by_name('.dynamic')`` lookup;
 - ``ldconfig -n`` on a copy of the directory (per directory, and divided per library),
   creating the links and again with the links in place;
-- ``stage_soname_links`` into a fresh rootfs with a cold cache, and again with a warm cache.
+- ``stage_soname_links`` into a fresh rootfs with a cold cache, and again with a warm cache;
+- the first read in a fresh interpreter, against the same with pyelftools' ``ELFStructs``
+  imported first (what the first read imported until issue 32: construct.debug, pdb, ...).
 
 Creating a symlink or directory costs whatever the file system's metadata path costs
 (~0.5 ms on a journalled ext4 in a VM), for ldconfig and for us alike; compare the rows
@@ -175,7 +177,39 @@ def main() -> None:
     print(f"{'what':<52} {'per dir (ms)':>13} {'per lib (µs)':>13}")
     for label, seconds in rows:
         print(f"{label:<52} {seconds * 1e3:>13.3f} {seconds / count * 1e6:>13.1f}")
+    ours_first, with_pyelftools = _first_read_in_a_fresh_interpreter(libraries[0], rounds)
+    print(
+        "first SONAME read in a fresh interpreter (the module's import + one read), median of "
+        f"{max(3, rounds)} alternating: ours {ours_first * 1e3:.1f} ms; with pyelftools' "
+        f"ELFStructs imported first, as the first read did before: {with_pyelftools * 1e3:.1f} ms"
+    )
     shutil.rmtree(work)
+
+
+def _first_read_in_a_fresh_interpreter(library: Path, rounds: int) -> tuple[float, float]:
+    """Seconds (median) of a fresh interpreter's first read, without and with pyelftools'
+    definitions imported first (which load construct.debug: pdb, bdb, cmd, code)."""
+
+    def code(before: str) -> str:
+        return (
+            "import pathlib, time\n"
+            "t = time.perf_counter()\n"
+            f"{before}"
+            "from substrate_gpu.rootfs.sonames import open_for_reading, read_soname\n"
+            f"with open_for_reading(pathlib.Path({str(library)!r})) as f:\n"
+            "    read_soname(f)\n"
+            "print(time.perf_counter() - t)\n"
+        )
+
+    variants = (code(""), code("import elftools.elf.structs\n"))
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(max(3, rounds)):
+        for variant, sink in zip(variants, times, strict=True):
+            done = subprocess.run(
+                [sys.executable, "-c", variant], capture_output=True, text=True, check=True
+            )
+            sink.append(float(done.stdout))
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 class _Quiet:

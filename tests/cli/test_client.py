@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from service.agentproc import REPO, AgentProcess
+from service.workerclient import connect
 
 from substrate_gpu import cli
 from substrate_gpu.service import protocol
@@ -127,3 +130,66 @@ def test_the_help_lists_exactly_the_protocols_external_types():
     from substrate_gpu.service import protocol
 
     assert _client.EXTERNAL_TYPES == protocol.EXTERNAL_TYPES
+
+
+def test_the_worker_api_socket_is_named_with_how_to_talk_to_it(tmp_path: Path) -> None:
+    """``client --socket`` given the gRPC worker socket (a real agent's): exit 1 with one line
+    saying it is the worker API (HTTP/2) and naming grpcurl and the Python stubs; no
+    UnicodeDecodeError traceback."""
+    worker_socket = tmp_path / "worker" / "worker.sock"
+    running = AgentProcess.on_socket(
+        tmp_path, "--worker-socket", str(worker_socket), "--atelet-socket", ""
+    )
+    try:
+        connect(worker_socket)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "substrate_gpu",
+                "client",
+                "--socket",
+                str(worker_socket),
+                "actors",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        running.terminate()
+    assert done.returncode == cli.EXIT_FAILED, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert str(worker_socket) in line and "worker API" in line and "HTTP/2" in line
+    assert f"grpcurl -plaintext -unix {worker_socket} list" in line
+    assert "substrate_gpu.service.ateworker" in line and "--socket" in line
+
+
+def test_an_answer_that_is_not_a_json_line_is_named_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Some other server on the socket answers binary: exit 1, what it sent, which socket to use."""
+    path = tmp_path / "other.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(1)
+
+    def answer_garbage() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"\xfe\xff not json\n")
+
+    thread = threading.Thread(target=answer_garbage, daemon=True)
+    thread.start()
+    try:
+        code = cli.main(["client", "--socket", str(path), "actors"])
+    finally:
+        thread.join(timeout=10)
+        server.close()
+    assert code == cli.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "not a JSON line" in err and "agent --socket" in err and str(path) in err

@@ -60,3 +60,31 @@ def test_a_top_level_option_after_the_command_says_where_it_goes(
     err = capsys.readouterr().err
     assert err.startswith("usage: substrate-gpu pool crd")
     assert "--log-level is an option of substrate-gpu itself: give it before the command" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "typed", "meant"),
+    [
+        pytest.param(["agnet"], "agnet", "agent", id="command"),
+        pytest.param(["pool", "valdate", POOL], "valdate", "validate", id="subcommand"),
+        pytest.param(["--log-format", "jsno", "pool", "crd"], "jsno", "json", id="option-choice"),
+    ],
+)
+def test_a_choice_one_typo_away_names_the_one_meant(
+    argv: list[str], typed: str, meant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`substrate-gpu agnet`: exit 2, "did you mean 'agent'?", and the choices still listed."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"invalid choice: {typed!r} (did you mean {meant!r}? choose from " in err
+
+
+def test_a_choice_near_nothing_only_lists_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    """A word like no command gets the plain list, no guess."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["zzzz"])
+    assert exit_info.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "invalid choice: 'zzzz' (choose from" in err and "did you mean" not in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 import time
@@ -137,3 +138,36 @@ def test_a_second_run_in_the_same_workdir_is_refused_in_one_line(tmp_path, runc_
     (line,) = again.stderr.strip().splitlines()
     assert str(tmp_path) in line and "not empty" in line and "--workdir" in line
     assert (tmp_path / "events.jsonl").read_bytes() == log
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        pytest.param(lambda p: p, "it exists and is not a directory", id="a-file"),
+        pytest.param(lambda p: p / "sub", "not a directory", id="below-a-file"),
+    ],
+)
+def test_a_workdir_that_cannot_be_a_directory_is_refused_in_one_line(tmp_path, make, words):
+    """``demo --workdir FILE`` (or a path below a file): exit 1 with one line naming the path
+    and what is wrong, no traceback, the file untouched."""
+    existing = tmp_path / "notes.txt"
+    existing.write_text("mine\n")
+    workdir = make(existing)
+    done = subprocess.run(
+        [sys.executable, "-m", "substrate_gpu", "demo", "--workdir", str(workdir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert str(workdir) in line and words in line and "--workdir" in line
+    assert existing.read_text() == "mine\n"
+
+
+def test_it_names_one_runsc_version(ran):
+    """The header's runsc is the only one named: no refusal reason brings in the stand-in's."""
+    _, output, _ = ran
+    assert len(set(re.findall(r"runsc version (\S+)", output))) <= 1, output

@@ -19,6 +19,7 @@ import contextlib
 import inspect
 import io
 import json
+import logging
 import os
 import re
 import shlex
@@ -106,7 +107,7 @@ def moved(code: str, moves: dict[str, str]) -> str:
 
 async def run_python(code: str, doc: str, namespace: dict[str, Any]) -> str:
     """Run an example (top-level ``await`` allowed) in ``namespace``; what it printed (the
-    package's log lines, which structlog writes to stdout by default, left out)."""
+    package's log lines captured apart, whatever logging an earlier test configured)."""
     compiled = compile(code, f"docs/{doc}", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     out = io.StringIO()
     with contextlib.redirect_stdout(out), structlog.testing.capture_logs():
@@ -424,6 +425,75 @@ async def test_embedding_example_prints_what_its_last_comment_says(
         "bundle_prepared",
         "run_requested",
     ]
+
+
+@pytest.mark.anyio
+async def test_embed_config_example_prints_what_its_last_comment_says(
+    runc_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """python-api.md's embedding from an AgentConfig: the production wiring, on a simulated
+    node (its driver root, toolkit, device root and the runsc stand-in over real runc in
+    place of the paths the doc names; the node paths moved under a temporary directory)."""
+    language, code = example("python-api.md", "embed-config")
+    assert language == "python"
+    sim = node_.build_node(tmp_path / "node", gpus=(0,), openable_devices=True)
+    standin = node_.install_runsc_standin(sim.toolkit_dir)
+    monkeypatch.setenv("NVIDIA_CTK_STANDIN_SYSTEM_ROOT", str(sim.root))  # the stand-in's knob
+    node = Node(tmp_path)
+    code = node(
+        moved(
+            code,
+            {  # in this order: the runsc stand-in lies in the toolkit's directory
+                "/opt/nvidia-toolkit": str(sim.toolkit_dir),
+                "/usr/local/nvidia": str(sim.driver_root),
+                "/usr/local/bin/runsc": str(standin),
+                'Path("/")': f"Path({str(sim.root)!r})",
+            },
+        )
+    )
+    demo.actor_bundle(Path(node("/run/substrate-gpu/bundles/a1")), holds_gpu=False)
+    runsc_root = Path(node("/run/substrate-gpu/runsc"))
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        printed = await run_python(code, "python-api.md", {})
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:  # configure_logging's
+            root.removeHandler(handler)
+        root.setLevel(level)
+        structlog.reset_defaults()
+        if runsc_root.is_dir():  # a failed run's container (the example deletes its own)
+            for entry in runsc_root.iterdir():
+                subprocess.run(
+                    [runc_path, "--root", str(runsc_root), "delete", "--force", entry.name],
+                    capture_output=True,
+                    check=False,
+                )
+    assert printed.splitlines() == trailing_comments(code)
+    logged = [
+        r.type for r in eventlog.read_log(Path(node("/var/lib/substrate-gpu/events.jsonl"))).records
+    ]
+    assert logged[:3] == ["actor_registered", "bundle_prepared", "run_requested"]
+    assert logged[-1] == "deleted"
+
+
+@pytest.mark.anyio
+async def test_worker_client_example_prints_what_its_last_comment_says(tmp_path: Path) -> None:
+    """worker-api.md's Python client, against a real agent serving the worker socket (its
+    path moved)."""
+    from service.workerclient import connect
+
+    language, code = example("worker-api.md", "worker-client")
+    assert language == "python"
+    socket = tmp_path / "worker" / "worker.sock"
+    code = moved(code, {"/var/lib/ate/workers/POD_UID/worker.sock": str(socket)})
+    agent = AgentProcess.on_socket(tmp_path, "--worker-socket", str(socket), "--atelet-socket", "")
+    try:
+        connect(socket)
+        printed = await run_python(code, "worker-api.md", {})
+    finally:
+        agent.terminate()
+    assert printed.splitlines() == trailing_comments(code)
 
 
 @pytest.mark.anyio

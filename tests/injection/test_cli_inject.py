@@ -281,6 +281,23 @@ def test_no_hook_warning_when_the_toolkit_has_the_hook(gpu_node, node_spec, tmp_
     assert "warning" not in capsys.readouterr().err
 
 
+def test_a_relative_toolkit_dir_writes_absolute_hook_paths(
+    gpu_node, node_spec, tmp_path, capsys, monkeypatch
+):
+    """``--toolkit-dir toolkit`` (relative): every hook path in config.json is absolute (the
+    runtime-spec requires it) and names the toolkit under the directory the command ran in."""
+    bundle = bundles.make_bundle(tmp_path / "b", ["true"])
+    monkeypatch.chdir(gpu_node.toolkit_dir.parent)
+    relative = gpu_node.toolkit_dir.name
+    assert main(inject_argv(gpu_node, node_spec.source, bundle, "--toolkit-dir", relative)) == 0
+    assert "warning" not in capsys.readouterr().err  # the hook binary was found there
+    hooks = json.loads((bundle / "config.json").read_text())["hooks"]["createContainer"]
+    assert hooks
+    for hook in hooks:
+        assert Path(hook["path"]).is_absolute(), hook
+        assert Path(hook["path"]).parent == gpu_node.toolkit_dir
+
+
 def test_the_simulated_nodes_knob_is_in_the_help_and_the_docs(capsys):
     """NVIDIA_CTK_STANDIN_SYSTEM_ROOT (the stand-in's '/') is documented for --generate."""
     with pytest.raises(SystemExit):

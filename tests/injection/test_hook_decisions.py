@@ -124,6 +124,29 @@ def test_skip_log_lines_carry_the_reason(node_edits, gpu_node, tmp_path, monkeyp
     }
 
 
+def test_hook_verdicts_are_said_once_and_each_injection_in_one_line(
+    node_edits, gpu_node, tmp_path, monkeypatch
+):
+    """A worker's actors share its plan cache: the skipped hooks are logged at the first
+    injection only; at INFO every injection is then exactly one line, ``gpu_injected``."""
+    plans, sonames = bundle_.PlanCache(), SonameCache()
+    with capture_logs() as logs:
+        monkeypatch.setattr(bundle_, "log", structlog.get_logger(bundle_.__name__))
+        for actor in ("a1", "a2", "a3"):
+            bundle_.inject_gpu(
+                bundles.make_bundle(tmp_path / actor, ["true"]),
+                node_edits,
+                options=injection_options(gpu_node),
+                soname_cache=sonames,
+                plan_cache=plans,
+            )
+    info = [e["event"] for e in logs if e["log_level"] == "info"]
+    assert info == ["cdi_hook_skipped"] * 3 + ["gpu_injected"] * 3
+    injected = [e for e in logs if e["event"] == "gpu_injected"]
+    assert [e["hooks_skipped"] for e in injected] == [3, 3, 3]
+    assert injected[0]["links_created"] > 0
+
+
 # Every nvidia-cdi-hook subcommand of the toolkit's releases and main branch (late 2026:
 # cmd/nvidia-cdi-hook/*, internal/discover/hooks.go); a new one gets a row here when reviewed.
 TOOLKIT_HOOKS = (

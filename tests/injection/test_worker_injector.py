@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
+from pathlib import Path
 
 import pytest
 from support.gpu_nodes import injection_options, toolkit_config
+from support.real import missing
 
 from substrate_gpu.exceptions import DeviceRequestError
 from substrate_gpu.injection import bundle as bundle_
+from substrate_gpu.injection import injector as injector_
 from substrate_gpu.injection import toolkit
 from substrate_gpu.injection.injector import WorkerGpuInjector
 from substrate_gpu.testing import bundles
@@ -110,3 +115,82 @@ async def test_named_edits_are_reused_while_the_specs_are_unchanged(dra_injector
     first = await injector.edits_for(["nvidia.com/gpu=0", "k8s.gpu.nvidia.com/claim=abc-gpu-0"])
     again = await injector.edits_for(["nvidia.com/gpu=0", "k8s.gpu.nvidia.com/claim=abc-gpu-0"])
     assert again is first
+
+
+@pytest.fixture
+def where_injected(monkeypatch):
+    """The name of the thread each injection ran in, in order (the real injection runs)."""
+    names: list[str] = []
+    real = bundle_.inject_gpu
+
+    def recording(*args, **kwargs):
+        names.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bundle_, "inject_gpu", recording)
+    return names
+
+
+@pytest.mark.parametrize(
+    ("memory_backed", "expected"),
+    [
+        # The first injection reads the host's libraries; later ones touch only memory.
+        pytest.param(True, ["substrate-gpu inject", "MainThread", "MainThread"], id="tmpfs"),
+        # fsyncs wait on the device, and a network mount may hang: always in a thread.
+        pytest.param(False, ["substrate-gpu inject"] * 3, id="device-backed"),
+    ],
+)
+async def test_the_thread_hop_only_where_the_work_can_block(
+    gpu_node, node_spec, tmp_path, monkeypatch, where_injected, memory_backed, expected
+):
+    """Injections hop to an abandonable thread unless the libraries' SONAMEs are cached and
+    the bundle lies on a memory-backed filesystem; both ways inject the same."""
+    monkeypatch.setattr(injector_, "_on_memory_filesystem", lambda device: memory_backed)
+    injector = WorkerGpuInjector(spec=node_spec, options=injection_options(gpu_node))
+    for i in range(3):
+        assert await injector(bundles.make_bundle(tmp_path / f"actor{i}", ["true"])) == 4
+    assert where_injected == expected
+    configs = [json.loads((tmp_path / f"actor{i}" / "config.json").read_text()) for i in range(3)]
+    assert configs[0]["linux"]["devices"] == configs[2]["linux"]["devices"]
+
+
+async def test_always_in_thread_keeps_the_old_hop(gpu_node, node_spec, tmp_path, where_injected):
+    """``always_in_thread`` (the benchmark's "before") hops for every injection."""
+    injector = WorkerGpuInjector(spec=node_spec, options=injection_options(gpu_node))
+    injector.always_in_thread = True
+    for i in range(2):
+        await injector(bundles.make_bundle(tmp_path / f"actor{i}", ["true"]))
+    assert where_injected == ["substrate-gpu inject"] * 2
+
+
+@pytest.mark.parametrize(
+    ("fstype", "memory"),
+    [
+        pytest.param("tmpfs", True, id="tmpfs"),
+        pytest.param("ramfs", True, id="ramfs"),
+        pytest.param("ext4", False, id="ext4"),
+        pytest.param("nfs4", False, id="nfs"),
+    ],
+)
+def test_the_mount_table_says_which_filesystems_are_memory(tmp_path, fstype, memory):
+    """mountinfo's ``major:minor`` field names the mount; its type follows `` - ``; a
+    device the table does not list is taken as device-backed."""
+    table = tmp_path / "mountinfo"
+    table.write_text(
+        "22 1 0:21 / /proc rw,nosuid - proc proc rw\n"
+        f"30 1 0:44 / /run/containerd rw,nosuid shared:9 - {fstype} none rw,size=1g\n"
+    )
+    assert injector_._on_memory_filesystem(os.makedev(0, 44), table) is memory
+    assert injector_._on_memory_filesystem(os.makedev(0, 45), table) is False
+
+
+def test_dev_shm_is_found_memory_backed_on_this_host():
+    """The real mount table: /dev/shm (a tmpfs here) is memory-backed, / is not."""
+    shm = Path("/dev/shm")
+    types = {
+        line.split()[1]: line.split()[2] for line in Path("/proc/mounts").read_text().splitlines()
+    }
+    if types.get(str(shm)) != "tmpfs" or types.get("/") in injector_.MEMORY_FILESYSTEMS:
+        missing("a tmpfs at /dev/shm and a device-backed /", "is not what this host mounts")
+    assert injector_._on_memory_filesystem(shm.stat().st_dev) is True
+    assert injector_._on_memory_filesystem(Path("/").stat().st_dev) is False

@@ -425,6 +425,69 @@ async def test_wait_for_state_times_out_with_the_current_state(make_agent: MakeA
             await agent.wait_for_state("a", "running", timeout=0.05)
 
 
+async def test_waiting_for_running_ends_at_once_when_the_create_fails(
+    make_agent: MakeAgent, runtime: FakeRuntime
+) -> None:
+    """``wait_for_state(…, "running", timeout=60)``: the create fails, the actor rests in
+    ``failed``, and the wait ends then (StateUnreachable, a StateWaitTimeout) with its reason."""
+    runtime.fail["create"] = "no space left on the sandbox's device"
+    async with make_agent() as agent:
+        await agent.submit(events.ActorRegistered(actor_id="a", gpu=False, bundle="/b/a"))
+        await agent.submit(events.BundlePrepared(actor_id="a", bundle="/b/a"))
+        await agent.submit(events.RunRequested(actor_id="a"))
+        with anyio.fail_after(5), pytest.raises(errors.StateUnreachable) as raised:
+            await agent.wait_for_state("a", "running", timeout=60)
+    assert isinstance(raised.value, errors.StateWaitTimeout)
+    message = str(raised.value)
+    assert "it is 'failed'" in message and "no space left on the sandbox's device" in message
+
+
+async def test_a_wait_begun_after_the_failure_ends_at_once(
+    make_agent: MakeAgent, runtime: FakeRuntime
+) -> None:
+    """The actor failed before the wait began: no waiting at all."""
+    runtime.fail["create"] = "boom"
+    async with make_agent() as agent:
+        await agent.submit(events.ActorRegistered(actor_id="a", gpu=False, bundle="/b/a"))
+        await agent.submit(events.BundlePrepared(actor_id="a", bundle="/b/a"))
+        await agent.submit(events.RunRequested(actor_id="a"))
+        await agent.settle()
+        assert agent.state_of("a") == "failed"
+        with anyio.fail_after(1), pytest.raises(errors.StateUnreachable, match="boom"):
+            await agent.wait_for_state("a", "running", timeout=60)
+
+
+async def test_waiting_for_suspended_ends_when_the_suspend_is_refused(
+    make_agent: MakeAgent, runtime: FakeRuntime
+) -> None:
+    """Probed, a live context without a route: back to ``running`` with the refusal as its
+    reason; a wait for ``suspended`` ends there, naming it."""
+    async with make_agent() as agent:
+        await bring_to_running(agent, gpu=True)
+        runtime.open_context("a")
+        await agent.submit(events.CudaContextOpened(actor_id="a", pid=7))
+        await agent.submit(events.SuspendRequested(actor_id="a"))
+        with anyio.fail_after(5), pytest.raises(errors.StateUnreachable) as raised:
+            await agent.wait_for_state("a", "suspended", timeout=60)
+    assert "it is 'running'" in str(raised.value) and "live GPU handle" in str(raised.value)
+
+
+async def test_an_actor_at_rest_without_a_reason_is_still_waited_for(
+    make_agent: MakeAgent,
+) -> None:
+    """Waiting first, then sending the event: ``bundle_prepared`` (and a re-unpack noted
+    there) is not given up on; the wait ends when the run gets there."""
+    async with make_agent() as agent:
+        await agent.submit(events.ActorRegistered(actor_id="a", gpu=False, bundle="/b/a"))
+        await agent.submit(events.BundlePrepared(actor_id="a", bundle="/b/a"))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: agent.wait_for_state("a", "running", timeout=5))
+            await anyio.sleep(0.05)
+            await agent.submit(events.BundlePrepared(actor_id="a", bundle="/b/a"))
+            await agent.submit(events.RunRequested(actor_id="a"))
+        assert agent.state_of("a") == "running"
+
+
 async def test_delete_removes_the_sandbox(make_agent: MakeAgent, runtime: FakeRuntime) -> None:
     """Deleting a running actor deletes its container and ends in deleted."""
     async with make_agent() as agent:

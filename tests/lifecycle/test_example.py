@@ -25,14 +25,33 @@ def test_embedding_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_embedding_example_warns_only_of_its_refusal() -> None:
-    """Run as a user runs it, the example logs one warning, the suspend it is meant to see
-    refused (its runtime once made no image directory, so every checkpoint warned that it
-    had no manifest)."""
-    completed = subprocess.run(
+    """Run as a user runs it, the example prints no log line (it configures no logging, and
+    the library writes nothing until configured); with the standard library's logging
+    configured, it logs one warning, the suspend it is meant to see refused (its runtime once
+    made no image directory, so every checkpoint warned that it had no manifest)."""
+    plain = subprocess.run(
         [sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=60, check=False
     )
-    assert completed.returncode == 0, completed.stderr
-    output = completed.stdout + completed.stderr
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stderr == ""
+    assert "warning" not in plain.stdout.lower()
+    configured = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import logging, runpy\n"
+                "logging.basicConfig(level=logging.WARNING)\n"
+                f"runpy.run_path({str(EXAMPLE)!r}, run_name='__main__')"
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert configured.returncode == 0, configured.stderr
+    output = configured.stdout + configured.stderr
     assert "checkpoint has no manifest" not in output
-    warnings = [line for line in output.splitlines() if "[warning" in line]
+    warnings = [line for line in output.splitlines() if line.startswith("WARNING:")]
     assert len(warnings) == 1 and "suspend refused" in warnings[0], warnings

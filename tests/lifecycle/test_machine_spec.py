@@ -37,6 +37,25 @@ def test_the_machine_loads() -> None:
     assert required <= set(spec.state_names)
 
 
+@pytest.mark.parametrize(
+    ("state", "reaches", "never"),
+    [
+        pytest.param("creating", {"running", "failed", "stopped"}, {"suspended"}, id="creating"),
+        pytest.param("awaiting_gpus", {"running"}, {"deleted"}, id="awaiting-gpus-by-gpus-freed"),
+        pytest.param("failed", {"failed"}, {"running"}, id="failed-needs-a-retry"),
+        pytest.param("running", {"running"}, {"suspended"}, id="running-needs-a-suspend"),
+        pytest.param("deleting", {"deleted", "failed"}, {"running"}, id="deleting"),
+    ],
+)
+def test_reachable_unaided_follows_only_the_machines_own_events(
+    state: str, reaches: set[str], never: set[str]
+) -> None:
+    """Effect outcomes and the agent's own events (gpus_freed) move an actor on; a client's
+    events (retry_requested, suspend_requested) do not count."""
+    reachable = machine.load_spec().reachable_unaided[state]
+    assert state in reachable and reaches <= reachable and not never & reachable
+
+
 def test_the_transitions_logger_is_quiet() -> None:
     """Building the reference engine (where transitions is used) sets its logger to WARNING."""
     logging.getLogger("transitions").setLevel(logging.NOTSET)

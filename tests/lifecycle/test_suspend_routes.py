@@ -129,3 +129,31 @@ async def test_the_route_follows_runsc_the_tools_the_driver_and_the_pool(
     assert chosen.name == route
     if route == "refuse" and policy == "auto" and tools:
         assert "needs NVIDIA driver" in chosen.reason
+
+
+@pytest.mark.parametrize(
+    ("features", "words"),
+    [
+        pytest.param(
+            FEATURES,
+            "runsc's checkpoint --cuda-checkpoint-path cannot be used here and cuda-checkpoint "
+            "is not available inside the sandbox (no host cuda-checkpoint is configured",
+            id="runsc-has-the-flag",
+        ),
+        pytest.param(
+            OLD_RUNSC,
+            "runsc has no checkpoint --cuda-checkpoint-path and cuda-checkpoint is not "
+            "available inside the sandbox",
+            id="runsc-lacks-the-flag",
+        ),
+    ],
+)
+async def test_a_refusal_says_what_is_missing_without_naming_a_runsc_version(
+    tmp_path: Path, features: runsc.RunscFeatures, words: str
+) -> None:
+    """No route: the reason says truly what is missing (a runsc with the flag is not said to
+    lack it) and names no runsc build: the version is said once, where the agent starts."""
+    chosen = await settings(tmp_path, "580.65.06").route(features, "a", "auto")
+    assert chosen.refuses
+    assert words in chosen.reason
+    assert features.version not in chosen.reason

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import functools
 import io
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from elftools.elf.elffile import ELFFile
@@ -20,6 +23,7 @@ from hypothesis import strategies as st
 from support import elflibs
 from support.real import missing
 
+from substrate_gpu.rootfs import sonames
 from substrate_gpu.rootfs.sonames import (
     SonameAbsent,
     SonameFound,
@@ -396,3 +400,60 @@ def test_naive_section_reader_reads_the_section_headers(libdir: Path) -> None:
     ELFFile(stream).get_section_by_name(".dynamic")
     start, end = elflibs.section_header_range(path)
     assert any(read_start < end and read_end > start for read_start, read_end in stream.reads)
+
+
+def _pyelftools_layout(definition: Any, little_endian: bool) -> tuple[tuple[str, ...], str]:
+    """A pyelftools record's field names and ``struct`` format (nested records skipped)."""
+    from elftools.construct.core import FormatField, Value
+
+    names: list[str] = []
+    formats: list[str] = []
+    for field in definition.subcons:
+        size = field.sizeof() if not isinstance(field, Value) else 0
+        leaf = field if isinstance(field, FormatField) else getattr(field, "subcon", None)
+        if isinstance(leaf, FormatField) and leaf.sizeof() == size:
+            names.append(str(field.name))
+            formats.append(str(leaf.packer.format)[-1])
+        elif size:
+            formats.append(f"{size}x")  # e_ident: read on its own
+    return tuple(names), ("<" if little_endian else ">") + "".join(formats)
+
+
+@pytest.mark.parametrize("little_endian", [True, False], ids=["le", "be"])
+@pytest.mark.parametrize("elfclass", [32, 64])
+def test_the_record_layouts_are_pyelftools_own(little_endian: bool, elfclass: int) -> None:
+    """Our ELF header, program header and dynamic entry layouts are exactly pyelftools'
+    ``ELFStructs`` definitions (names, widths, order, byte order) for every class and order."""
+    from elftools.elf.structs import ELFStructs
+
+    structs = ELFStructs(little_endian=little_endian, elfclass=elfclass)
+    structs.create_basic_structs()
+    structs.create_advanced_structs()
+    ours = sonames._layouts(little_endian, elfclass)
+    for record, theirs in (
+        (ours.ehdr, structs.Elf_Ehdr),
+        (ours.phdr, structs.Elf_Phdr),
+        (ours.dyn, structs.Elf_Dyn),
+    ):
+        assert (record.names, record.packer.format) == _pyelftools_layout(theirs, little_endian)
+        assert record.packer.size == theirs.sizeof()
+
+
+def test_the_first_read_imports_no_pyelftools_nor_the_debugger(libdir: Path) -> None:
+    """A fresh interpreter's first SONAME read loads neither pyelftools nor what its
+    ``construct.debug`` drags in (pdb, bdb, cmd, code): ~15 ms of a cold injection."""
+    library = elflibs.build_shared_library(libdir, "libcold.so.580.65.06", "libcold.so.1")
+    code = (
+        "import sys, pathlib\n"
+        "from substrate_gpu.rootfs.sonames import open_for_reading, read_soname\n"
+        f"with open_for_reading(pathlib.Path({str(library)!r})) as f:\n"
+        "    print(read_soname(f))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'elftools', 'pdb', 'bdb', 'cmd', 'code', 'codeop'}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    found, loaded = done.stdout.splitlines()
+    assert found == "SonameFound(soname='libcold.so.1')"
+    assert loaded == "[]"
