@@ -87,6 +87,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "actors hosted at once: one Run or Restore more is answered RESOURCE_EXHAUSTED; "
         "reported to atelet as the worker's capacity",
     )
+    _defaulted(
+        worker,
+        "--runsc-static-dir",
+        Path,
+        config_.DEFAULT_RUNSC_STATIC_DIR,
+        "where atelet stages runsc: a request's runsc_path must be a regular executable "
+        "file under it, and its sandbox runs that binary",
+    )
     worker.add_argument(
         "--atelet-socket",
         type=str,
@@ -281,6 +289,7 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
         cuda_checkpoint=args.cuda_checkpoint,
         sandbox_cuda_checkpoint=args.sandbox_cuda_checkpoint,
         max_actors=args.max_actors,
+        runsc_static_dir=args.runsc_static_dir,
         atelet_socket=Path(args.atelet_socket) if args.atelet_socket else None,
         credential_bundle=args.atunnel_credential_bundle,
         trust_bundle=args.atunnel_trust_bundle,

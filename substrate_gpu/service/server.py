@@ -771,6 +771,7 @@ async def _serve(
                 runsc=config.runsc,
                 dev_root=config.dev_root,
                 max_actors=config.max_actors,
+                runsc_static_dir=config.runsc_static_dir,
             )
             await doors.enter_async_context(
                 worker_api.serving(worker, config.worker_socket, _claim_socket_path)

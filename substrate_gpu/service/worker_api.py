@@ -31,10 +31,9 @@ agent's own event loop. Each call becomes events submitted through the same
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
-import hashlib
 import os
-import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -131,55 +130,6 @@ class _UidLocks:
                 self.locks[uid] = (lock, users - 1)
 
 
-class RunscBinary:
-    """Whether a request's ``runsc_path`` is the binary this agent runs every sandbox with.
-
-    The agent's runtime runs one runsc for every actor (``--runsc``); it cannot switch
-    binaries per actor. A ``runsc_path`` is honoured when it is that binary: the same file,
-    or a file with the same bytes (atelet stages runsc content-addressed, so a copy of our
-    binary under its static-files directory is ours). Anything else is refused clearly.
-    """
-
-    def __init__(self, runsc: str) -> None:
-        self.configured = runsc
-        found = shutil.which(runsc)
-        self.path = Path(found).resolve() if found else None
-        self._digests: dict[tuple[int, int, int, int], str] = {}
-
-    def check(self, runsc_path: str) -> None:
-        """Raise :class:`CallError` unless ``runsc_path`` is empty or our binary."""
-        if not runsc_path:
-            return
-        candidate = Path(runsc_path)
-        if not candidate.is_absolute() or not candidate.is_file():
-            raise CallError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"runsc_path {runsc_path!r} is not an absolute path to a file",
-            )
-        if self.path is None:
-            raise CallError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"this agent's runsc ({self.configured!r}, --runsc) is not found, so "
-                f"runsc_path {runsc_path!r} cannot be checked against it",
-            )
-        if candidate.resolve() == self.path or self._digest(candidate) == self._digest(self.path):
-            return
-        raise CallError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"runsc_path {runsc_path!r} is not the runsc this agent runs every sandbox with "
-            f"({self.path}, --runsc): one agent runs one runsc; start it with "
-            f"--runsc {runsc_path}",
-        )
-
-    def _digest(self, path: Path) -> str:
-        info = path.stat()
-        key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-        if key not in self._digests:
-            with path.open("rb") as f:
-                self._digests[key] = hashlib.file_digest(f, "sha256").hexdigest()
-        return self._digests[key]
-
-
 class WorkerService:
     """The ``ateworker.Worker`` methods, on the agent's ``AgentService``."""
 
@@ -191,13 +141,16 @@ class WorkerService:
         dev_root: Path = Path("/"),
         cgroup_root: Path = cgroup_stats.CGROUP_ROOT,
         max_actors: int = _defaults.MAX_ACTORS,
+        runsc_static_dir: Path = _defaults.RUNSC_STATIC_DIR,
     ) -> None:
         """``dev_root``: where a GPU worker's device nodes are (each actor gets all GPUs);
         ``cgroup_root``: where the sandboxes' cgroups are read; ``max_actors``: the UIDs
-        hosted at once (``--max-actors``)."""
+        hosted at once (``--max-actors``); ``runsc_static_dir``: where atelet stages the
+        runsc a request's ``runsc_path`` names (``--runsc-static-dir``)."""
         self._service = service
         self._agent = service.agent
-        self._runsc = RunscBinary(runsc)
+        self._runsc = runsc
+        self._static_dir = runsc_static_dir
         self._gpu_worker = devices.has_gpu(dev_root)
         self._cgroup_root = cgroup_root
         self._cgroups: dict[str, str | None] = {}
@@ -213,7 +166,7 @@ class WorkerService:
         """Register a new activation of the sandbox and run it; OK once it is running."""
         uid = self._begin(request.actor_uid)
         workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
-        self._runsc.check(request.runsc_path)
+        workload = self._staged(workload, request.runsc_path)
         async with self._locks.held(uid):
             actor_id = await self._activate(uid, request, workload)
             await self._reach(actor_id, events.RunRequested(actor_id=actor_id), "running", "run")
@@ -231,7 +184,7 @@ class WorkerService:
             raise worker_requests.BadRequest(
                 f"actor_dirs.restore_dir {str(image)!r} holds no checkpoint.img"
             )
-        self._runsc.check(request.runsc_path)
+        workload = self._staged(workload, request.runsc_path)
         async with self._locks.held(uid):
             actor_id = await self._activate(uid, request, workload)
             # runsc restore only reads the image: restore_dir is left as it is whether or
@@ -252,7 +205,8 @@ class WorkerService:
             raise worker_requests.BadRequest(
                 f"actor_dirs.checkpoint_dir {directory!r} is not an absolute path"
             )
-        self._runsc.check(request.runsc_path)
+        # Checked as Run's; the checkpoint runs the binary the activation runs under.
+        worker_requests.check_runsc_path(request.runsc_path, self._static_dir)
         async with self._locks.held(uid):
             view = self._live(uid)
             if view is None:
@@ -336,6 +290,13 @@ class WorkerService:
             raise worker_requests.BadRequest(
                 f"scope {scope} is not a snapshot scope: give SNAPSHOT_SCOPE_FULL"
             )
+
+    def _staged(
+        self, workload: worker_requests.Workload, runsc_path: str
+    ) -> worker_requests.Workload:
+        """``workload`` under the staged runsc ``runsc_path`` names (checked: issue 31 §5)."""
+        staged = worker_requests.check_runsc_path(runsc_path, self._static_dir)
+        return dataclasses.replace(workload, runsc=staged) if staged else workload
 
     async def _workload(self, bundle_dir: str, spec: pb.WorkloadSpec) -> worker_requests.Workload:
         names = [c.name for c in spec.containers]
@@ -427,6 +388,8 @@ class WorkerService:
                 bundle=bundle,
                 gpu_names=workload.gpu_names,
                 containers=workload.containers,
+                container_gpus=dict(workload.container_gpus),
+                runsc=workload.runsc,
                 identity=identity,
             )
         )

@@ -115,9 +115,9 @@ def test_the_worker_socket_is_private(agent, tmp_path):
         ),
         pytest.param(
             {"runsc_path": "/bin/sh"},
-            PRECONDITION,
-            "runsc_path '/bin/sh' is not the runsc this agent runs",
-            id="another-runsc",
+            INVALID,
+            "runsc_path '/bin/sh' must be inside /var/lib/ate/static-files",
+            id="outside-the-static-files",
         ),
     ],
 )
@@ -135,16 +135,6 @@ def test_a_bad_cdi_annotation_is_refused_naming_the_file(worker, tmp_path):
     code, message = status_of(worker.RunWorkload, actor.run())
     assert code == INVALID
     assert "app/config.json: annotation 'cdi.k8s.io/gpu'" in message and "gpu0" in message
-
-
-def test_the_same_runsc_binary_elsewhere_is_honoured(worker, actor, standin, tmp_path):
-    """A runsc_path with our binary's bytes (atelet stages runsc content-addressed) passes
-    the check: the call goes on to the machine (here the stand-in's create fails later)."""
-    copy = tmp_path / "static-files" / "runsc-abc"
-    copy.parent.mkdir()
-    copy.write_bytes(standin.read_bytes())
-    _, message = status_of(worker.RunWorkload, actor.run(runsc_path=str(copy)))
-    assert "runsc_path" not in message, message
 
 
 @pytest.mark.parametrize(
