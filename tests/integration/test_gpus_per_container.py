@@ -105,11 +105,25 @@ def _allowed(seen: dict[str, list[str]]) -> list[int]:
     return sorted(int(i) for i, result in opened if "No such device or address" in result)
 
 
+async def _probed(bundle: Path) -> None:
+    """Until every app container has written what it sees."""
+    for name in APPS:
+        with anyio.fail_after(WAIT):
+            while not (bundle / name / "rootfs" / "seen").exists():
+                await anyio.sleep(0.05)
+
+
 async def _run_sandbox(
-    node: node_.SimulatedNode, tmp: Path, requests: dict[str, str], runc: str
+    node: node_.SimulatedNode,
+    tmp: Path,
+    requests: dict[str, str],
+    runc: str,
+    restore: bool,
 ) -> tuple[Path, list[dict[str, object]]]:
-    """Register the sandbox as the worker API would, run it, wait for every app's probe and
-    delete it. Returns the bundle directory and the event log's lines."""
+    """Register the sandbox as the worker API would, run it, wait for every app's probe
+    (with ``restore``: suspend it, restore it and wait again: the probes then say what the
+    restored containers see) and delete it. Returns the bundle directory and the event
+    log's lines."""
     bundle = _bundles(tmp / "s", requests)
     workload = worker_requests.read_workload(str(bundle), APPS)
     root = tmp / "runsc-root"
@@ -176,10 +190,15 @@ async def _run_sandbox(
             await agent.submit(events.BundlePrepared(actor_id="s", bundle=str(bundle)))
             await agent.submit(events.RunRequested(actor_id="s"))
             await agent.wait_for_state("s", "running", timeout=WAIT)
-            for name in APPS:
-                with anyio.fail_after(WAIT):
-                    while not (bundle / name / "rootfs" / "seen").exists():
-                        await anyio.sleep(0.05)
+            await _probed(bundle)
+            if restore:
+                await agent.submit(events.SuspendRequested(actor_id="s"))
+                await agent.wait_for_state("s", "suspended", timeout=WAIT)
+                for name in APPS:
+                    (bundle / name / "rootfs" / "seen").unlink()
+                await agent.submit(events.RestoreRequested(actor_id="s"))
+                await agent.wait_for_state("s", "running", timeout=WAIT)
+                await _probed(bundle)
             await agent.submit(events.DeleteRequested(actor_id="s"))
             await agent.wait_for_state("s", "deleted", timeout=WAIT)
     finally:
@@ -189,13 +208,18 @@ async def _run_sandbox(
 
 
 def _run(
-    node: node_.SimulatedNode, tmp: Path, requests: dict[str, str], runc: str
+    node: node_.SimulatedNode,
+    tmp: Path,
+    requests: dict[str, str],
+    runc: str,
+    *,
+    restore: bool = False,
 ) -> tuple[Path, list[dict[str, object]]]:
     mp = pytest.MonkeyPatch()
     mp.setenv("RUNSC_STANDIN_RUNC", runc)
     mp.setenv("RUNSC_STANDIN_ARGV_LOG", str(tmp / "argv.jsonl"))
     try:
-        return anyio.run(_run_sandbox, node, tmp, requests, runc)
+        return anyio.run(_run_sandbox, node, tmp, requests, runc, restore)
     finally:
         mp.undo()
 
@@ -206,13 +230,16 @@ def per_container_run(
     runc_path: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[Path, list[dict[str, object]]]:
-    """The sandbox run with trainer: GPUs 1, 2; infer: GPU 3 by UUID; side: none."""
+    """The sandbox run with trainer: GPUs 1, 2; infer: GPU 3 by UUID; side: none; then
+    suspended and restored (what the containers see is the restored sandbox's)."""
     uuid3 = nvidia_ctk.gpu_uuid(four_gpus.root, 3)
     requests = {
         "trainer": "nvidia.com/gpu=1,nvidia.com/gpu=2",
         "infer": f"nvidia.com/gpu={uuid3}",
     }
-    return _run(four_gpus, tmp_path_factory.mktemp("per-container"), requests, runc_path)
+    return _run(
+        four_gpus, tmp_path_factory.mktemp("per-container"), requests, runc_path, restore=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +313,8 @@ def test_the_allocation_is_the_union_and_verifying_checks_each_container_against
     four_gpus: node_.SimulatedNode, per_container_run: tuple[Path, list[dict[str, object]]]
 ) -> None:
     """The registration carries each container's names; the grant is GPUs 1, 2, 3; the
-    check after start lists each container's GPUs through runsc exec against its own set."""
+    check after start and after restore lists each container's GPUs through runsc exec
+    against its own set; the restore re-injected each container its own."""
     _, lines = per_container_run
     (registered,) = [e for e in lines if e["type"] == "actor_registered"]
     uuid3 = nvidia_ctk.gpu_uuid(four_gpus.root, 3)
@@ -295,11 +323,15 @@ def test_the_allocation_is_the_union_and_verifying_checks_each_container_against
         "trainer": ["nvidia.com/gpu=1", "nvidia.com/gpu=2"],
         "infer": [f"nvidia.com/gpu={uuid3}"],
     }
-    (granted,) = [e for e in lines if e["type"] == "gpus_allocated"]
-    assert granted["names"] == [f"nvidia.com/gpu={i}" for i in (1, 2, 3)]
-    (verified,) = [e for e in lines if e["type"] == "gpus_verified"]
+    granted = [e["names"] for e in lines if e["type"] == "gpus_allocated"]
+    assert granted == [[f"nvidia.com/gpu={i}" for i in (1, 2, 3)]] * 2  # run, then restore
+    after_start, after_restore = [e for e in lines if e["type"] == "gpus_verified"]
+    assert after_start["message"] == after_restore["message"]
+    (restored,) = [e for e in lines if e["type"] == "restored"]
+    # trainer: 2 GPU nodes and the 3 control nodes; infer: 1 and 3; side: none.
+    assert restored["devices"] == (2 + 3) + (1 + 3) + 0
     uuid = {i: nvidia_ctk.gpu_uuid(four_gpus.root, i) for i in range(4)}
-    assert verified["message"] == (
+    assert after_start["message"] == (
         f"each container sees exactly its own: trainer {uuid[1]}, {uuid[2]}; "
         f"infer {uuid[3]}; side none"
     )
