@@ -57,6 +57,9 @@ MAX_ACTORS: Final = 1000
 """Actors one worker hosts at once (``--max-actors``; upstream's worker's default)."""
 
 WORKER_SUPPORT_SOCKET: Final = Path("/var/lib/ate/worker-support.sock")
+RUNSC_STATIC_DIR: Final = Path("/var/lib/ate/static-files")
+"""Where atelet stages runtime binaries (upstream's ``nodepath.StaticFilesDir``): a request's
+``runsc_path`` must be a regular executable file under it (``--runsc-static-dir``)."""
 """atelet's node-local socket for its workers (upstream's ``nodepath.WorkerSupportSocket``)."""
 
 IMAGE_LAYERS_DIR: Final = Path("/var/lib/ate")

@@ -49,7 +49,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, Protocol, cast
+from typing import Literal, Protocol, cast, runtime_checkable
 
 from substrate_gpu import _atomic, _files, _process, exceptions
 from substrate_gpu.injection import devices
@@ -784,6 +784,7 @@ def read_manifest(image_path: Path) -> CheckpointManifest | None:
     return CheckpointManifest.from_json(data, source=str(path))
 
 
+@runtime_checkable
 class DriverLister(Protocol):
     """The part of the runtime preflight asks (:class:`~substrate_gpu.runsc.RunscDriver`)."""
 

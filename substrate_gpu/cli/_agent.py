@@ -112,6 +112,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "worker socket connections held at once; one more is closed as it is accepted, "
         "with a warning while the socket is full",
     )
+    _defaulted(
+        worker,
+        "--runsc-static-dir",
+        Path,
+        config_.DEFAULT_RUNSC_STATIC_DIR,
+        "where atelet stages runsc: a request's runsc_path must be a regular executable "
+        "file under it, and its sandbox runs that binary",
+    )
     worker.add_argument(
         "--atelet-socket",
         type=str,
@@ -321,6 +329,7 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
         cuda_checkpoint=args.cuda_checkpoint,
         sandbox_cuda_checkpoint=args.sandbox_cuda_checkpoint,
         max_actors=args.max_actors,
+        runsc_static_dir=args.runsc_static_dir,
         atelet_socket=Path(args.atelet_socket) if args.atelet_socket else None,
         credential_bundle=args.atunnel_credential_bundle,
         trust_bundle=args.atunnel_trust_bundle,

@@ -63,9 +63,10 @@ class InjectionReport:
 
     bundle: Path
     """The bundle directory."""
-    outcome: Literal["injected", "already-injected", "sandbox-container"]
+    outcome: Literal["injected", "already-injected", "sandbox-container", "withheld"]
     """``injected``; ``already-injected`` (idempotency guard, nothing written);
-    ``sandbox-container`` (the pause container, nothing written)."""
+    ``sandbox-container`` (the pause container, nothing written); ``withheld`` (a sandbox's
+    app container given no GPU: :func:`withhold_gpus`)."""
     devices: tuple[devices_.ResolvedDevice, ...] = ()
     """The device nodes of the plan."""
     mounts: int = 0
@@ -353,3 +354,26 @@ def _inject(
         seconds=round(report.seconds, 6),
     )
     return report
+
+
+def withhold_gpus(bundle: Path | str, container: str) -> InjectionReport:
+    """Give ``<bundle>/<container>`` no GPU: the app container of a sandbox whose other
+    containers name their own GPUs while this one names none (GPUs per container, issue 31
+    §10). No device node, no mount, no hook, no CDI env: only the image's
+    ``NVIDIA_VISIBLE_DEVICES`` is dropped (:func:`oci.withheld`; a config holding an NVIDIA
+    node already is refused), written atomically, or not at all when there is none."""
+    started = time.perf_counter()
+    target = Path(bundle) / container
+    try:
+        with _bundle.open_container(bundle, container) as opened:
+            raw_config, mode = opened.read_config()
+            config = cast("oci.OciConfig", raw_config)
+            rewritten = oci.withheld(config, where=opened.config_path)
+            if rewritten is not None:
+                opened.write_config(rewritten, mode)
+    except _bundle.BundleFileError as e:
+        raise exceptions.InjectionError(f"while withholding GPUs from bundle {target}: {e}") from e
+    log.bind(bundle=str(target)).info(
+        "gpu_withheld", reason="its config names no GPU", rewritten=rewritten is not None
+    )
+    return InjectionReport(bundle=target, outcome="withheld", seconds=time.perf_counter() - started)

@@ -191,9 +191,22 @@ class WorkerGpuInjector:
             backed = self._memory_backed[device] = _on_memory_filesystem(device)
         return not backed
 
+    async def withhold(self, bundle: Path, container: str) -> bundle_.InjectionReport:
+        """Give ``<bundle>/<container>`` no GPU (:func:`~.bundle.withhold_gpus`), in a thread."""
+        report = await _blocking.run_abandonable(
+            functools.partial(bundle_.withhold_gpus, bundle, container),
+            name="substrate-gpu withhold",
+        )
+        self.last_report = report
+        return report
+
     async def __call__(
         self, bundle: Path, *, devices: Sequence[str] | None = None, container: str | None = None
     ) -> int:
         """Inject into ``bundle`` (or its ``container``'s); the number of device nodes it
-        now holds from the spec."""
+        now holds from the spec. ``devices=()`` for a ``container``: it gets no GPU
+        (:meth:`withhold`), 0."""
+        if devices is not None and not devices and container is not None:
+            await self.withhold(bundle, container)
+            return 0
         return len((await self.inject(bundle, devices=devices, container=container)).devices)

@@ -216,6 +216,37 @@ def already_injected(config: OciConfig, plan: InjectionPlan, *, where: str = "co
     return bool(plan.devices) and plan.device_paths <= _existing_device_paths(config)
 
 
+def nvidia_device_paths(config: OciConfig) -> list[str]:
+    """The ``/dev/nvidia*`` nodes the config already holds, sorted."""
+    return sorted(p for p in _existing_device_paths(config) if p.startswith("/dev/nvidia"))
+
+
+def withheld(config: OciConfig, *, where: str = "config.json") -> OciConfig | None:
+    """``config`` for a sandbox's app container given no GPU while others of its sandbox
+    are (GPUs per container): its image's ``NVIDIA_VISIBLE_DEVICES`` dropped (a CUDA image
+    sets it; with the toolkit's hook runsc would read it as a GPU request), nothing added;
+    None when there is nothing to drop (left byte-for-byte as it was). Refuses a config
+    that holds an NVIDIA device node already (injected before, or given by whoever wrote
+    it): that container must not hold a GPU, and removing one is not ours to decide."""
+    held = nvidia_device_paths(config)
+    if held:
+        raise exceptions.InjectionError(
+            f"while withholding GPUs: {where} holds {', '.join(held)}, but its container was"
+            " given no GPU (its config asks for none while other containers of the sandbox"
+            " name theirs); re-create the bundle from the image"
+        )
+    process = config.get("process")
+    if not isinstance(process, dict):
+        return None
+    env = process.get("env")
+    if not isinstance(env, list) or not any(
+        isinstance(e, str) and env_key(e) == _VISIBLE_DEVICES for e in env
+    ):
+        return None
+    kept = [e for e in env if not (isinstance(e, str) and env_key(e) == _VISIBLE_DEVICES)]
+    return cast("OciConfig", {**config, "process": {**process, "env": kept}})
+
+
 def is_sandbox_container(config: OciConfig) -> bool:
     """True for the pod's pause/root container, which must never get a GPU."""
     annotations = config.get("annotations")

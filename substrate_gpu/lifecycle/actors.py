@@ -72,6 +72,8 @@ class Actor:
         "containers",
         "identity",
         "checkpoint_target",
+        "container_gpus",
+        "runsc",
     )
     __slots__ = (*FIELDS, "entered_by", "refusal", "transition_reason")
 
@@ -124,6 +126,13 @@ class Actor:
         self.checkpoint_target = ""
         """Where the current suspend writes its checkpoint (``suspend_requested``'s
         ``image_path``), or empty: ``<checkpoint_root>/<actor>/<seq>``."""
+        self.container_gpus: dict[str, str] = {}
+        """A sandbox's app container -> the GPUs its own config asked for, comma-separated
+        (``actor_registered`` v4); empty: every app container gets the actor's GPUs. Never
+        mutated: replaced whole."""
+        self.runsc = ""
+        """The runsc binary a sandbox runs under (``actor_registered`` v4); empty: the
+        agent's own."""
         self.refusal: str | None = None
         """Set by the applied transition: the bounded refusal reason, if it is one."""
         self.transition_reason: str | None = None
@@ -226,6 +235,8 @@ class Actor:
         self.suspend_policy = event.suspend_policy
         self.containers = event.containers
         self.identity = event.identity
+        self.container_gpus = {c: ",".join(n) for c, n in event.container_gpus.items()}
+        self.runsc = event.runsc
 
     def allocate_to_run(self, event: events.Event) -> None:
         """Once GPUs are granted, inject them and create the sandbox."""
@@ -423,6 +434,8 @@ class ActorView(msgspec.Struct, frozen=True, gc=False):
     containers: tuple[str, ...] = ()
     identity: dict[str, str] = msgspec.field(default_factory=dict)
     checkpoint_target: str = ""
+    container_gpus: dict[str, str] = msgspec.field(default_factory=dict)
+    runsc: str = ""
 
 
 def _methods(returns: str) -> frozenset[str]:
@@ -490,6 +503,8 @@ def read_fields(actor: Actor) -> tuple[object, ...]:
         a.containers,
         a.identity,
         a.checkpoint_target,
+        a.container_gpus,
+        a.runsc,
     )
 
 

@@ -19,6 +19,10 @@ A pure, deterministic functional core (:func:`decide`) and a small stateful shel
   ``awaiting_gpus`` state, retried when GPUs are freed); one that this worker can never meet
   (more GPUs than it has, a name it does not have) is **refused**
   with the reason (``gpus_refused`` → ``failed``).
+- **GPUs per container** (issue 31 §10): a sandbox whose app containers name their own
+  GPUs asks for their union, in ``groups`` (one per container). The same GPU named by two
+  containers is one GPU of the sandbox, shared by them (they are one actor); named twice
+  by one container, it is refused as any request naming a GPU twice.
 - The table is not a second source of truth: it is the projection of the actors' records
   (``gpu_devices``, set by ``gpus_allocated``, held while the actor is in a state the YAML
   marks ``holds_gpus``). Replay and recovery rebuild it from the same records
@@ -71,6 +75,9 @@ class GpuRequest:
     names: tuple[str, ...] = ()
     """Fully qualified CDI names: each one GPU (a GPU named twice counts once), or the
     kind's ``all`` (every GPU)."""
+    groups: tuple[tuple[str, ...], ...] = ()
+    """Per app container, the names it asked for (``names`` is their union); empty: one
+    group, ``names``."""
 
     @property
     def everything(self) -> bool:
@@ -105,7 +112,12 @@ Decision = Granted | Wait | Refused
 def request_of(actor: ActorView) -> GpuRequest:
     """The GPU request an actor registered with."""
     names = tuple(actor.gpu_names.split(",")) if actor.gpu_names else ()
-    return GpuRequest(count=actor.gpus, names=names)
+    groups = tuple(
+        tuple(actor.container_gpus[c].split(","))
+        for c in actor.containers
+        if actor.container_gpus.get(c)
+    )
+    return GpuRequest(count=actor.gpus, names=names, groups=groups)
 
 
 class _Holder(Protocol):
@@ -209,16 +221,17 @@ def decide(request: GpuRequest, worker: WorkerGpus, taken: Container[str]) -> De
     """
     total = len(worker.names)
     if request.names and not _names_every_gpu(request.names, worker):
-        wanted: list[str] = []
-        for name in request.names:
-            canonical = worker.aliases.get(name)
-            if canonical is None:
-                why = worker.refused.get(name)
-                if why is not None:
-                    return Refused(f"{name!r} is not a GPU this worker can give: {why}")
-                return Refused(f"this worker has no GPU named {name!r}")
-            if canonical not in wanted:  # index, UUID, claim: one GPU, counted once
-                wanted.append(canonical)
+        wanted: dict[str, None] = {}
+        for group in request.groups or (request.names,):
+            for name in group:
+                canonical = worker.aliases.get(name)
+                if canonical is None:
+                    why = worker.refused.get(name)
+                    if why is not None:
+                        return Refused(f"{name!r} is not a GPU this worker can give: {why}")
+                    return Refused(f"this worker has no GPU named {name!r}")
+                # Index, UUID, claim, or named by two containers: one GPU, counted once.
+                wanted.setdefault(canonical)
         busy = [n for n in wanted if n in taken]
         if busy:
             return Wait(f"GPU(s) {', '.join(busy)} held by other actors")

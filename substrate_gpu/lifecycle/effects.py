@@ -13,7 +13,8 @@ Decisions worth knowing:
   restore** (brief §4: the pause container needs it too), never on start or checkpoint.
   An actor registered with ``containers`` is a sandbox (``_pause`` plus app containers,
   under a runsc root of its own): each effect acts on all of it, in the order
-  :mod:`substrate_gpu.lifecycle.sandbox` owns; GPUs go into every app container's bundle.
+  :mod:`substrate_gpu.lifecycle.sandbox` owns; GPUs go into every app container's bundle,
+  or, when its containers name their own (``container_gpus``), into each its own.
 - A GPU actor's suspend starts with ``probe``: live CUDA clients (found by the probe, or
   observed by the node agent) with a route to suspend them give ``live_context_found``
   (the machine picks the next state from its route); without a route, ``checkpoint_refused``
@@ -80,7 +81,9 @@ class GpuInjector(Protocol):
     ) -> int:
         """Edit ``bundle``/config.json in place; return the number of device nodes injected.
 
-        ``devices``: the qualified CDI names the allocator granted; ``None``: all GPUs.
+        ``devices``: the qualified CDI names the allocator granted; ``None``: all GPUs;
+        empty, for a sandbox's app container: none (GPUs per container: no device node, no
+        mount, no CDI env, the image's ``NVIDIA_VISIBLE_DEVICES`` dropped; 0 returned).
         ``container``: a sandbox's app container, whose bundle is ``bundle``/``container``
         (a real directory, never a link out of ``bundle``); only passed for sandboxes."""
         ...
@@ -152,6 +155,16 @@ def _root_container(ctx: EffectContext, actor: ActorView) -> tuple[runsc.Sandbox
     return ctx.runtime, actor.actor_id
 
 
+def _drivers_of(ctx: EffectContext, actor: ActorView) -> preflight.DriverLister | None:
+    """The runsc a sandbox under a binary of its own runs (its supported drivers are that
+    binary's); None: the node's (:attr:`GpuSettings.drivers`). A SandboxError when the
+    runtime cannot run the actor's binary."""
+    if not actor.runsc:
+        return None
+    runtime = sandbox.of(ctx.runtime, actor).runtime
+    return runtime if isinstance(runtime, preflight.DriverLister) else None
+
+
 def _granted(actor: ActorView) -> tuple[str, ...] | None:
     """The allocated GPUs to inject, or ``None`` for all of them (no allocator)."""
     return tuple(actor.gpu_devices.split(",")) if actor.gpu_devices else None
@@ -159,16 +172,21 @@ def _granted(actor: ActorView) -> tuple[str, ...] | None:
 
 async def _inject(ctx: EffectContext, actor: ActorView) -> int:
     """Inject the actor's GPUs into its bundle, or into every app container's bundle of a
-    sandbox (the same GPUs each; ``_pause`` never): the device nodes injected, in all."""
+    sandbox (``_pause`` never): the same GPUs each, or with GPUs per container each its own
+    (:func:`~substrate_gpu.lifecycle.sandbox.container_gpus`; none withheld). The device
+    nodes injected, in all."""
     devices = _granted(actor)
     bundle = Path(actor.bundle)
     if not sandbox.is_sandbox(actor):
         if devices is None:
             return await ctx.injector(bundle)
         return await ctx.injector(bundle, devices=devices)
+    aliases = ctx.allocator.worker.aliases if ctx.allocator is not None else {}
     injected = 0
     for name in actor.containers:
-        injected += await ctx.injector(bundle, devices=devices, container=name)
+        own = sandbox.container_gpus(actor, name, aliases)
+        chosen = devices if own is None else own
+        injected += await ctx.injector(bundle, devices=chosen, container=name)
     return injected
 
 
@@ -210,7 +228,7 @@ async def create(ctx: EffectContext, actor: ActorView, event: events.Event) -> e
     after deleting a leftover container of the actor."""
     if actor.gpu and ctx.gpu is not None:
         try:
-            facts = await ctx.gpu.check_host()
+            facts = await ctx.gpu.check_host(_drivers_of(ctx, actor))
         except exceptions.SubstrateGpuError as e:
             return events.EffectFailed(
                 actor_id=actor.actor_id,
@@ -313,7 +331,8 @@ async def _suspend_route(ctx: EffectContext, actor: ActorView) -> cudackpt.Route
         return cudackpt.Route(
             "refuse", "this agent has no GPU settings: no cuda-checkpoint route is configured"
         )
-    features = await ctx.runtime.features()
+    # The runsc the sandbox runs under: a sandbox's own binary has its own features.
+    features = await _root_container(ctx, actor)[0].features()
     gpu = ctx.gpu
     if sandbox.is_sandbox(actor):
         # The exec route runs cuda-checkpoint in the actor's container: a sandbox's CUDA
@@ -484,7 +503,12 @@ async def restore(ctx: EffectContext, actor: ActorView, event: events.Event) -> 
         return events.RestoreFailed(actor_id=actor_id, message="no checkpoint to restore from")
     if actor.sandbox:
         await _delete_quietly(ctx, actor)
-    features = await _features_of(ctx.runtime, actor_id)
+    try:
+        # The runsc the sandbox runs under (its own binary's build is the one to match).
+        runtime, container = _root_container(ctx, actor)
+        features = await _features_of(runtime, container)
+    except exceptions.SubstrateGpuError as e:
+        return events.RestoreFailed(actor_id=actor_id, message=_message(e))
     cpu_refusal = _check_cpu_features(actor_id, Path(image), features)
     if cpu_refusal is not None:
         return cpu_refusal
@@ -493,7 +517,13 @@ async def restore(ctx: EffectContext, actor: ActorView, event: events.Event) -> 
         uuids = gpu_.own_gpu_uuids(ctx.gpu, ctx.allocator, actor.gpu_devices)
         try:
             checked = await _check_restore(
-                ctx.gpu, actor_id, Path(image), _granted(actor), uuids, features=features
+                ctx.gpu,
+                actor_id,
+                Path(image),
+                _granted(actor),
+                uuids,
+                drivers=_drivers_of(ctx, actor),
+                features=features,
             )
         except exceptions.SubstrateGpuError as e:
             return events.RestoreFailed(
@@ -553,13 +583,15 @@ async def _check_restore(
     uuids: tuple[str, ...],
     *,
     features: runsc.RunscFeatures,
+    drivers: preflight.DriverLister | None = None,
 ) -> events.RestoreRefused | tuple[str, str]:
     """Driver preflight and the image's manifest against this node: a refusal, or the route
     that put CUDA state in the image (empty when none) and the device map onto the
     restore's GPUs ``uuids`` (empty: the same GPUs, or unknown). An actor given GPUs by the
     allocator is checked against those (other indices are fine where the route can remap,
-    fewer never; each needs the free memory its checkpointed GPU used)."""
-    facts = await gpu.check_host()
+    fewer never; each needs the free memory its checkpointed GPU used). ``drivers``: the
+    runsc the sandbox runs under, when it is its own."""
+    facts = await gpu.check_host(drivers)
     if isinstance(facts, preflight.Refusal):
         return events.RestoreRefused(actor_id=actor_id, code=facts.code, message=facts.reason)
     manifest = preflight.read_manifest(image)

@@ -199,9 +199,15 @@ class ActorRegistered(Event, frozen=True, kw_only=True, tag="actor_registered"):
     multi-container sandbox and ``identity`` carries the caller's opaque identity. A v1 or
     v2 line has neither (both empty: a single-container actor, as it was written); one that
     carries them is refused, so an older agent's meaning is never silently extended.
+
+    Version 4 (issue 31 §10 and §5): ``container_gpus`` names, per app container, the GPUs
+    its own config asked for (the other app containers get none), and ``runsc`` the runsc
+    binary the sandbox runs under (atelet's staged ``runsc_path``). A v1 to v3 line has
+    neither (every app container gets the actor's GPUs, the agent's own runsc, as it was
+    written); one that carries either is refused.
     """
 
-    v: Literal[1, 2, 3] = 3  # type: ignore[assignment]  # reads v1 to v3 (see above)
+    v: Literal[1, 2, 3, 4] = 4  # type: ignore[assignment]  # reads v1 to v4 (see above)
     gpu: bool
     """The actor's pool requests GPUs: inject them and use nvproxy."""
     bundle: str
@@ -221,10 +227,22 @@ class ActorRegistered(Event, frozen=True, kw_only=True, tag="actor_registered"):
     containers: Annotated[tuple[str, ...], msgspec.Meta(max_length=CONTAINERS_MAX)] = ()
     """The app containers of the actor's sandbox, in order (``_pause``, its root, is implied
     and never listed). Empty: one container whose id is the actor id (before v3). Every app
-    container gets the actor's GPUs; ``_pause`` none."""
+    container gets the actor's GPUs, unless ``container_gpus`` says otherwise; ``_pause``
+    none."""
     identity: Annotated[dict[str, str], msgspec.Meta(max_length=IDENTITY_MAX)] = {}
     """The caller's identity of the actor (upstream: atespace, actor_name, actor_uid, ...):
     opaque to the lifecycle, kept on the actor record and shown by queries."""
+    container_gpus: Annotated[
+        dict[str, tuple[str, ...]], msgspec.Meta(max_length=CONTAINERS_MAX)
+    ] = {}
+    """App container -> the qualified CDI names its own config requests (v4). Empty: every
+    app container gets the actor's GPUs (the seed PR's rule). Given: each named container
+    gets exactly its own, every app container not named gets none, ``_pause`` never; the
+    names together are ``gpu_names`` (the sandbox's allocation is their union)."""
+    runsc: str = ""
+    """The runsc binary the sandbox runs under (v4; an absolute path, e.g. the one atelet
+    staged for this activation); empty: the agent's own (``--runsc``). Only a sandbox
+    (``containers`` given) runs under a binary of its own."""
 
     @property
     def allocates_gpus(self) -> bool:
@@ -241,12 +259,39 @@ class ActorRegistered(Event, frozen=True, kw_only=True, tag="actor_registered"):
         """A multi-container sandbox (``_pause`` plus the app ``containers``)."""
         return bool(self.containers)
 
+    @property
+    def per_container(self) -> bool:
+        """Each app container gets its own GPUs (``container_gpus`` given), not all of them."""
+        return bool(self.container_gpus)
+
     def __hash__(self) -> int:
-        # ``identity`` is a dict (its JSON form is an object): hashed by its items.
+        # ``identity`` and ``container_gpus`` are dicts (JSON objects): hashed by their items.
         identity = tuple(sorted(self.identity.items()))
-        return hash((self.actor_id, self.seq, self.at, self.bundle, self.containers, *identity))
+        gpus = tuple(sorted(self.container_gpus.items()))
+        key = (self.actor_id, self.seq, self.at, self.bundle, self.containers, self.runsc)
+        return hash((*key, *identity, *gpus))
 
     def __post_init__(self) -> None:
+        for name, given in (
+            ("container_gpus", bool(self.container_gpus)),
+            ("runsc", bool(self.runsc)),
+        ):
+            if self.v < 4 and given:
+                raise errors.EventFieldError(
+                    f"actor_registered for {self.actor_id!r}: {name} needs v 4 "
+                    f"(this line is v {self.v})",
+                    name,
+                )
+        if self.runsc and not (self.runsc.startswith("/") and self.containers):
+            problem = (
+                "is not an absolute path"
+                if not self.runsc.startswith("/")
+                else "needs containers: only a sandbox runs under a runsc of its own"
+            )
+            raise errors.EventFieldError(
+                f"actor_registered for {self.actor_id!r}: runsc {self.runsc!r} {problem}",
+                "runsc",
+            )
         if self.v < 3:
             for name, value in (("containers", self.containers), ("identity", self.identity)):
                 if value:
@@ -286,11 +331,49 @@ class ActorRegistered(Event, frozen=True, kw_only=True, tag="actor_registered"):
                     f"qualified CDI names (vendor/class=name), got {name!r}",
                     f"gpu_names[{i}]",
                 )
+        self._check_container_gpus()
         if self.suspend_policy not in SUSPEND_POLICIES:
             raise errors.EventFieldError(
                 f"actor_registered for {self.actor_id!r}: unknown suspend_policy "
                 f"{self.suspend_policy!r} (expected one of {', '.join(SUSPEND_POLICIES)})",
                 "suspend_policy",
+            )
+
+    def _check_container_gpus(self) -> None:
+        """Every key an app container, every list non-empty and without repeats, and the
+        names together exactly ``gpu_names``."""
+        if not self.container_gpus:
+            return
+        where = f"actor_registered for {self.actor_id!r}: container_gpus"
+        union: dict[str, None] = {}
+        for container, names in self.container_gpus.items():
+            field = f"container_gpus.{container}"
+            if container not in self.containers:
+                raise errors.EventFieldError(
+                    f"{where}: {container!r} is not one of the app containers "
+                    f"({', '.join(self.containers) or 'none'})",
+                    field,
+                )
+            if not names:
+                raise errors.EventFieldError(
+                    f"{where}: {container!r} lists no GPU (leave a container with none out)",
+                    field,
+                )
+            if len(set(names)) != len(names):
+                raise errors.EventFieldError(f"{where}: {container!r} names a GPU twice", field)
+            for i, name in enumerate(names):
+                if "/" not in name or "=" not in name:
+                    raise errors.EventFieldError(
+                        f"{where}: {container!r}: not a fully qualified CDI name "
+                        f"(vendor/class=name): {name!r}",
+                        f"{field}[{i}]",
+                    )
+                union.setdefault(name)
+        if set(union) != set(self.gpu_names):
+            raise errors.EventFieldError(
+                f"{where}: the containers' GPUs ({', '.join(union)}) are not gpu_names "
+                f"({', '.join(self.gpu_names) or 'none'}): the sandbox's GPUs are their union",
+                "gpu_names",
             )
 
 

@@ -123,12 +123,16 @@ class GpuSettings:
             driver_root=self.driver_root, proc_version=self.proc_version, dev_root=self.dev_root
         )
 
-    async def check_host(self) -> preflight.HostGpuFacts | preflight.Refusal:
-        """The host's facts, or why no GPU sandbox may be created or restored here."""
+    async def check_host(
+        self, drivers: preflight.DriverLister | None = None
+    ) -> preflight.HostGpuFacts | preflight.Refusal:
+        """The host's facts, or why no GPU sandbox may be created or restored here; against
+        ``drivers`` (the runsc a sandbox runs under, when it is its own), else
+        :attr:`drivers`."""
         if not self.driver_preflight:
             return self.host_facts()
         return await preflight.preflight_host(
-            self.drivers,
+            drivers or self.drivers,
             driver_root=self.driver_root,
             proc_version=self.proc_version,
             dev_root=self.dev_root,

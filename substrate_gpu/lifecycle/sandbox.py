@@ -10,6 +10,9 @@ Decisions worth knowing (seen on the pinned runsc, ``tests/runsc/test_real_sandb
 
 - **A runsc root per actor** (``<root>/<actor_id>``,
   :class:`~substrate_gpu.runsc.api.PerActorRoot`): container names repeat across actors.
+- **A runsc binary per actor** when it names one (``actor_registered.runsc``: atelet's
+  staged ``runsc_path``, issue 31 §5; :class:`~substrate_gpu.runsc.api.PerBinary`): every
+  command of the sandbox, recovery's and the check's included, runs that binary.
   A runtime without per-actor roots cannot run a sandbox actor: its effects fail with
   :class:`SandboxError` saying so.
 - **CRI annotations** in every bundle: ``io.kubernetes.cri.container-type`` ``sandbox`` on
@@ -35,6 +38,10 @@ Decisions worth knowing (seen on the pinned runsc, ``tests/runsc/test_real_sandb
   runsc left mounted in the actor's root (``null-netns``, one per sandbox booted under
   ``--network=none``) is detached and the root removed (:mod:`substrate_gpu.runsc.roots`).
   A root whose containers could not all be deleted is kept: it is their record.
+- **GPUs per container** (issue 31 §10, :func:`container_gpus`): when the registration
+  names each app container's own GPUs, each gets exactly those and one naming none gets
+  none (the effects inject and verify container by container); otherwise every app
+  container gets the actor's.
 - **A failure part-way** (of create, start or restore) deletes what was made (apps first,
   ``_pause`` last) and raises
   :class:`SandboxError` naming the container: the effect's outcome lands on the machine's
@@ -97,8 +104,18 @@ def is_sandbox(actor: ActorView) -> bool:
 
 
 def of(runtime: runsc.SandboxRuntime, actor: ActorView) -> Sandbox:
-    """The sandbox of ``actor`` on ``runtime``; :class:`SandboxError` when the runtime has
-    no per-actor roots (a sandbox's container names would meet another actor's)."""
+    """The sandbox of ``actor`` on ``runtime`` (under the actor's own runsc binary when it
+    names one: ``actor_registered.runsc``); :class:`SandboxError` when the runtime has no
+    per-actor roots (a sandbox's container names would meet another actor's), or cannot
+    run another binary."""
+    if actor.runsc:
+        if not isinstance(runtime, runsc.PerBinary):
+            raise SandboxError(
+                f"sandbox {actor.actor_id}: the runtime {type(runtime).__name__} runs one runsc "
+                f"and cannot run the sandbox's own ({actor.runsc}; use the runsc driver)",
+                PAUSE,
+            )
+        runtime = runtime.for_binary(actor.runsc)
     if not isinstance(runtime, runsc.PerActorRoot):
         raise SandboxError(
             f"sandbox {actor.actor_id}: the runtime {type(runtime).__name__} has no per-actor "
@@ -111,6 +128,24 @@ def of(runtime: runsc.SandboxRuntime, actor: ActorView) -> Sandbox:
         bundle=Path(actor.bundle),
         apps=actor.containers,
     )
+
+
+# --- GPUs per container -------------------------------------------------------------------
+
+
+def container_gpus(
+    actor: ActorView, name: str, aliases: Mapping[str, str] | None = None
+) -> tuple[str, ...] | None:
+    """The GPUs app container ``name`` of ``actor``'s sandbox gets: None for the actor's
+    own (no container names its GPUs: the seed PR's rule, every app container all of
+    them); else the names its own config asked for, each as the allocator's canonical name
+    of that GPU (``aliases``; as asked without one), and () for a container that asked for
+    none (issue 31 §10)."""
+    if not actor.container_gpus:
+        return None
+    own = actor.container_gpus.get(name, "")
+    found = aliases or {}
+    return tuple(found.get(n, n) for n in own.split(",")) if own else ()
 
 
 # --- CRI annotations ----------------------------------------------------------------------

@@ -18,7 +18,10 @@ starts again. What cannot be checked is said in the outcome's message, never fai
 actor's UUIDs unknown (a spec naming GPUs by index only), no ``sandbox_exec``, no tool.
 
 The container checked is the actor's (container id = actor id). In a multi-container
-sandbox, the GPU containers are each checked the same way, under the per-actor runsc root.
+sandbox, the app containers are each checked the same way, under the per-actor runsc root:
+each against the actor's GPUs, or, when its containers name their own (GPUs per container,
+issue 31 §10), each against its own set. A container given none must list none; one with
+no ``nvidia-smi`` at all (only the driver mounts bring it) lists none.
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ class _Target:
     own_root: bool
     """A sandbox's app container under the actor's own runsc root (the node's exec-route
     tool, bound to the node's root, cannot reach it)."""
+    granted: str | None = None
+    """The container's own GPUs, comma-separated ("": none), with GPUs per container;
+    None: the actor's."""
 
 
 def _targets(ctx: Context, settings: gpu.GpuSettings, actor: ActorView) -> list[_Target]:
@@ -71,7 +77,23 @@ def _targets(ctx: Context, settings: gpu.GpuSettings, actor: ActorView) -> list[
         return [_Target(settings.sandbox_exec, actor.actor_id, own_root=False)]
     runtime = sandbox.of(ctx.runtime, actor).runtime
     runner = runtime if isinstance(runtime, runsc_api.SandboxExec) else None
-    return [_Target(runner, name, own_root=True) for name in actor.containers]
+    aliases = ctx.allocator.worker.aliases if ctx.allocator is not None else {}
+    targets = []
+    for name in actor.containers:
+        own = sandbox.container_gpus(actor, name, aliases)
+        granted = None if own is None else ",".join(own)
+        targets.append(_Target(runner, name, own_root=True, granted=granted))
+    return targets
+
+
+def _own_uuids(
+    ctx: Context, settings: gpu.GpuSettings, actor: ActorView, target: _Target
+) -> tuple[str, ...] | None:
+    """The UUIDs ``target`` must see; None when they cannot be resolved."""
+    if target.granted == "":
+        return ()
+    granted = actor.gpu_devices if target.granted is None else target.granted
+    return gpu.own_gpu_uuids(settings, ctx.allocator, granted) or None
 
 
 def _cuda_tools(settings: gpu.GpuSettings, target: _Target) -> list[gpu.SandboxCudaTool]:
@@ -115,9 +137,16 @@ async def _foreign_gpus(
     """Why the sandbox's GPUs are not exactly ``own`` (None: they are)."""
     if target.runner is None:
         raise CannotCheck("no sandbox exec to list its GPUs with")
-    result = await target.runner.exec(
-        target.container_id, (settings.sandbox_nvidia_smi, "-L"), LIST_TIMEOUT
-    )
+    try:
+        result = await target.runner.exec(
+            target.container_id, (settings.sandbox_nvidia_smi, "-L"), LIST_TIMEOUT
+        )
+    except runsc_api.RunscError as e:
+        if not own and _no_such_program(str(e)):
+            return None  # no nvidia-smi: no driver mounts, and none expected
+        raise
+    if result.returncode != 0 and not own and _no_such_program(result.stderr + result.stdout):
+        return None
     if result.returncode != 0:
         output = _process.tail(f"{result.stderr}\n{result.stdout}") or "(no output)"
         return (
@@ -131,9 +160,15 @@ async def _foreign_gpus(
     missing = [u for u in own if u not in seen]
     return (
         f"the sandbox sees GPU(s) {', '.join(seen) or 'none'}, not exactly its own "
-        f"({', '.join(own)}): other actors' {', '.join(extra) or 'none'}; missing "
+        f"({', '.join(own) or 'none'}): other actors' {', '.join(extra) or 'none'}; missing "
         f"{', '.join(missing) or 'none'}"
     )
+
+
+def _no_such_program(output: str) -> bool:
+    """The exec failed because the program is not in the container."""
+    text = output.lower()
+    return "no such file or directory" in text or "not found" in text
 
 
 async def verify(ctx: Context, actor: ActorView, event: events.Event) -> events.Event:
@@ -153,17 +188,26 @@ async def verify(ctx: Context, actor: ActorView, event: events.Event) -> events.
                 notes.append("every restored CUDA process reads 'running'")
             except CannotCheck as e:
                 notes.append(f"CUDA states not read: {e}")
-        own = gpu.own_gpu_uuids(settings, ctx.allocator, actor.gpu_devices)
-        if problem is None and not own:
+        owns = [(target, _own_uuids(ctx, settings, actor, target)) for target in targets]
+        if problem is None and any(own is None for _, own in owns):
             notes.append("visible GPUs not checked: the actor's GPU UUIDs are unknown")
         elif problem is None:
             try:
-                for target in targets:
+                seen: list[str] = []
+                for target, resolved in owns:
+                    own = resolved or ()
                     found = await _foreign_gpus(settings, target, own)
                     if found is not None and sandbox.is_sandbox(actor):
                         found = f"container {target.container_id}: {found}"
                     problem = problem or found
-                notes.append(f"the sandbox sees exactly {', '.join(own)}")
+                    if target.granted is not None:
+                        seen.append(f"{target.container_id} {', '.join(own) or 'none'}")
+                    elif not seen:
+                        seen.append(", ".join(own))
+                if any(t.granted is not None for t, _ in owns):
+                    notes.append(f"each container sees exactly its own: {'; '.join(seen)}")
+                else:
+                    notes.append(f"the sandbox sees exactly {seen[0] if seen else ''}")
             except CannotCheck as e:
                 notes.append(f"visible GPUs not checked: {e}")
     except exceptions.SubstrateGpuError as e:

@@ -236,6 +236,22 @@ class StragglerReaper(Protocol):
 
 
 @runtime_checkable
+class PerBinary(Protocol):
+    """A runtime that can run a sandbox under another runsc binary (issue 31 §5: the one
+    atelet staged for the activation, ``runsc_path``), with that binary's own features and
+    supported-driver list.
+
+    The binary is trusted as the caller checked it (the worker API: a regular executable
+    file under atelet's static-files directory, never through a link).
+    """
+
+    def for_binary(self, runsc: str) -> SandboxRuntime:
+        """The same runtime (root, flags, timeouts) running ``runsc`` instead (cheap: no
+        runsc is run; :meth:`PerActorRoot.for_actor` still applies to it)."""
+        ...
+
+
+@runtime_checkable
 class SandboxExec(Protocol):
     """Running a command inside an existing sandbox (``runsc exec``).
 

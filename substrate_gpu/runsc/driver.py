@@ -25,6 +25,12 @@ A thin effectful shell around :mod:`substrate_gpu.runsc.argv` (what to run) and
 - :meth:`RunscDriver.for_actor` gives a multi-container sandbox its own ``--root``
   (``<root>/<actor_id>``; runsc makes it on the first create), features detected once;
   :meth:`RunscDriver.remove_root` unmounts and removes it once its containers are gone.
+- :meth:`RunscDriver.for_binary` runs another runsc binary (the one atelet staged for an
+  activation, issue 31 §5). Its features and its ``nvproxy list-supported-drivers`` are its
+  own, detected once per binary and **cached by the binary's SHA-256** on the driver it
+  came from: atelet stages runsc content-addressed, so a re-staged copy of the same build
+  is detected once, a new build on its first use. The digest of a path is kept while the
+  file stats the same (device, inode, size, mtime), so it is hashed once, off the loop.
 """
 
 from __future__ import annotations
@@ -241,19 +247,58 @@ class RunscDriver:
         self._features: api.RunscFeatures | None = None
         self._features_lock = anyio.Lock()
         self._parent = parent
-        """The driver whose root this one's is under (:meth:`for_actor`): the same binary,
-        so its detected features are asked of it (detected once for all actors)."""
+        """The driver this one was made from (:meth:`for_actor`, :meth:`for_binary`): it
+        holds the caches, so features are detected once for all actors of a binary."""
+        self._digests: dict[tuple[str, int, int, int, int], str] = {}
+        """Path and its stat -> SHA-256 (the top driver's)."""
+        self._by_digest: dict[str, api.RunscFeatures] = {}
+        """A binary's SHA-256 -> its detected features (the top driver's)."""
+        self._drivers_by_digest: dict[str, tuple[str, ...]] = {}
+        """A binary's SHA-256 -> its supported-driver list (the top driver's)."""
+
+    @property
+    def _top(self) -> RunscDriver:
+        return self._parent or self
 
     def for_actor(self, actor_id: str) -> RunscDriver:
         """This driver with ``--root <root>/<actor_id>``: a multi-container sandbox's own
         root (its container names repeat across actors). A ``pid_dir`` gets the same
-        sub-directory, for the same reason."""
+        sub-directory, for the same reason. The binary stays this driver's."""
         config = dataclasses.replace(
             self.config,
             root=self.config.root / actor_id,
             pid_dir=None if self.config.pid_dir is None else self.config.pid_dir / actor_id,
         )
-        return RunscDriver(config, parent=self._parent or self)
+        return RunscDriver(config, parent=self._top)
+
+    def for_binary(self, runsc: str) -> RunscDriver:
+        """This driver running ``runsc`` (root, flags and timeouts kept): a staged binary,
+        whose features and supported drivers are its own (cached by its SHA-256)."""
+        return RunscDriver(dataclasses.replace(self.config, runsc=runsc), parent=self._top)
+
+    @property
+    def _own_binary(self) -> bool:
+        """Runs another binary than the driver it came from (:meth:`for_binary`)."""
+        return self._parent is not None and self.config.runsc != self._parent.config.runsc
+
+    async def binary_digest(self) -> str:
+        """The SHA-256 of this driver's binary ('' when it cannot be read), hashed once per
+        path while the file stats the same, in a thread."""
+        path = shutil.which(self.config.runsc) or self.config.runsc
+        try:
+            info = Path(path).stat()
+        except OSError:
+            return ""
+        key = (path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        digests = self._top._digests
+        if key not in digests:
+            digest = await _blocking.run_abandonable(
+                lambda: scan_binary(path).sha256, name="runsc-sha256"
+            )
+            if not digest:
+                return ""
+            digests[key] = digest
+        return digests[key]
 
     def has_root(self) -> bool:
         """Whether this driver's root (or its pid-file directory) is there."""
@@ -318,7 +363,10 @@ class RunscDriver:
     # -- feature detection --------------------------------------------------------------
 
     async def features(self) -> api.RunscFeatures:
-        """Detect (once, then cached) what this runsc supports."""
+        """Detect (once, then cached) what this runsc supports; a staged binary's
+        (:meth:`for_binary`), once per SHA-256."""
+        if self._own_binary:
+            return await self._features_of_binary()
         if self._parent is not None:
             return await self._parent.features()
         if self._features is not None:
@@ -326,7 +374,23 @@ class RunscDriver:
         async with self._features_lock:
             if self._features is None:
                 self._features = await self._detect()
+                if self._features.binary_sha256:
+                    self._by_digest[self._features.binary_sha256] = self._features
             return self._features
+
+    async def _features_of_binary(self) -> api.RunscFeatures:
+        top = self._top
+        digest = await self.binary_digest()
+        found = top._by_digest.get(digest) if digest else None
+        if found is not None:
+            return found
+        async with top._features_lock:
+            found = top._by_digest.get(digest) if digest else None
+            if found is None:
+                found = await self._detect()
+                if found.binary_sha256:
+                    top._by_digest[found.binary_sha256] = found
+            return found
 
     async def _detect(self) -> api.RunscFeatures:
         timeout = self.config.timeouts.detect
@@ -392,8 +456,15 @@ class RunscDriver:
                 returncode=None,
                 stderr="",
             )
+        digest = (await self.features()).binary_sha256
+        cached = self._top._drivers_by_digest.get(digest) if digest else None
+        if cached is not None:
+            return cached
         result = await self._run(args, timeout=self.config.timeouts.detect, doing=doing)
-        return parse_driver_list(result.stdout)
+        listed = parse_driver_list(result.stdout)
+        if digest and listed:
+            self._top._drivers_by_digest[digest] = listed
+        return listed
 
     # -- container lifecycle --------------------------------------------------------------
 

@@ -26,6 +26,7 @@ DEFAULT_LIVENESS_TIMEOUT: Final = 10.0
 DEFAULT_MAX_ACTORS: Final = _defaults.MAX_ACTORS
 DEFAULT_ATELET_SOCKET: Final = _defaults.WORKER_SUPPORT_SOCKET
 DEFAULT_IMAGE_LAYERS_DIR: Final = _defaults.IMAGE_LAYERS_DIR
+DEFAULT_RUNSC_STATIC_DIR: Final = _defaults.RUNSC_STATIC_DIR
 MAX_ACTORS_LIMIT: Final = 2**31 - 1
 """The report carries ``--max-actors`` as an int32."""
 
@@ -90,6 +91,9 @@ class AgentConfig:
     max_actors: int = DEFAULT_MAX_ACTORS
     """Actors the worker API hosts at once (a Run or Restore beyond is RESOURCE_EXHAUSTED),
     and the ``actors`` of the capacity report (``--max-actors``)."""
+    runsc_static_dir: Path = DEFAULT_RUNSC_STATIC_DIR
+    """Where atelet stages runsc: a request's ``runsc_path`` must be a regular executable
+    file under it, and its sandbox then runs that binary (``--runsc-static-dir``)."""
     atelet_socket: Path | None = None
     """atelet's worker-support socket the capacity report goes to when the worker API is
     served (``--atelet-socket``, default upstream's); None: no report."""

@@ -785,6 +785,7 @@ async def _serve(
                 max_actors=config.max_actors,
                 image_layers_dir=config.image_layers_dir,
                 runtime=running.runtime,
+                runsc_static_dir=config.runsc_static_dir,
             )
             await doors.enter_async_context(
                 worker_api.serving(

@@ -40,6 +40,7 @@ agent's own event loop. Each call becomes events submitted through the same
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import os
@@ -195,12 +196,12 @@ class _Call:
 
 
 class RunscBinary:
-    """Whether a request's ``runsc_path`` is the binary this agent runs every sandbox with.
+    """Whether a request's ``runsc_path`` is the binary this agent runs by default.
 
-    The agent's runtime runs one runsc for every actor (``--runsc``); it cannot switch
-    binaries per actor. A ``runsc_path`` is honoured when it is that binary: the same file,
-    or a file with the same bytes (atelet stages runsc content-addressed, so a copy of our
-    binary under its static-files directory is ours). Anything else is refused clearly.
+    A ``runsc_path`` that is the agent's own ``--runsc`` (the same file, or a file with the
+    same bytes: atelet stages runsc content-addressed, so a copy of our binary under its
+    static-files directory is ours) runs the agent's runtime as it is; any other must be a
+    binary atelet staged (``worker_requests.check_runsc_path``) and the sandbox runs that one.
     """
 
     def __init__(self, runsc: str) -> None:
@@ -235,6 +236,15 @@ class RunscBinary:
             f"--runsc {runsc_path}",
         )
 
+    def is_ours(self, runsc_path: str) -> bool:
+        """Whether ``runsc_path`` names the agent's own runsc (same file or same bytes)."""
+        candidate = Path(runsc_path)
+        if self.path is None or not candidate.is_absolute() or not candidate.is_file():
+            return False
+        return candidate.resolve() == self.path or self._digest(candidate) == self._digest(
+            self.path
+        )
+
     def _digest(self, path: Path) -> str:
         info = path.stat()
         key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
@@ -257,16 +267,19 @@ class WorkerService:
         max_actors: int = _defaults.MAX_ACTORS,
         image_layers_dir: Path = overlay.DEFAULT_LAYERS_DIR,
         runtime: runsc_api.SandboxRuntime | None = None,
+        runsc_static_dir: Path = _defaults.RUNSC_STATIC_DIR,
     ) -> None:
         """``dev_root``: where a GPU worker's device nodes are (each actor gets all GPUs);
         ``cgroup_root``: where the sandboxes' cgroups are read; ``max_actors``: the UIDs
         hosted at once (``--max-actors``); ``image_layers_dir``: where the cached image
         layers a bundle's ``rootfs-overlay.json`` names must lie (``--image-layers-dir``);
         ``runtime``: the agent's sandbox runtime, through which :meth:`shutdown` signals app
-        containers (None: it signals none)."""
+        containers (None: it signals none); ``runsc_static_dir``: where atelet stages the
+        runsc a request's ``runsc_path`` names (``--runsc-static-dir``)."""
         self._service = service
         self._agent = service.agent
         self._runsc = RunscBinary(runsc)
+        self._static_dir = runsc_static_dir
         self._gpu_worker = devices.has_gpu(dev_root)
         self._cgroup_root = cgroup_root
         self._cgroups: dict[str, str | None] = {}
@@ -311,6 +324,7 @@ class WorkerService:
         """Register a new activation of the sandbox and run it; OK once it is running."""
         uid = self._begin(request)
         workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
+        workload = self._staged(workload, request.runsc_path)
 
         async def run(call: _Call) -> None:
             actor_id = await self._activate(call, request, workload)
@@ -331,6 +345,7 @@ class WorkerService:
             raise worker_requests.BadRequest(
                 f"actor_dirs.restore_dir {str(image)!r} holds no checkpoint.img"
             )
+        workload = self._staged(workload, request.runsc_path)
 
         async def restore(call: _Call) -> None:
             actor_id = await self._activate(call, request, workload)
@@ -517,7 +532,10 @@ class WorkerService:
         uid = worker_requests.check_uid(request.actor_uid)
         dirs = request.actor_dirs if request.HasField("actor_dirs") else None
         worker_requests.check_actor_dirs(dirs)
-        self._runsc.check(request.runsc_path)
+        if not request.runsc_path:
+            raise worker_requests.BadRequest("runsc_path: Required value")
+        if not self._runsc.is_ours(request.runsc_path):
+            worker_requests.check_runsc_path(request.runsc_path, self._static_dir)
         return uid
 
     def _not_draining(self) -> None:
@@ -539,6 +557,15 @@ class WorkerService:
             raise worker_requests.BadRequest(
                 f"scope {scope} is not a snapshot scope: give SNAPSHOT_SCOPE_FULL"
             )
+
+    def _staged(
+        self, workload: worker_requests.Workload, runsc_path: str
+    ) -> worker_requests.Workload:
+        """``workload`` under the staged runsc ``runsc_path`` names (checked: issue 31 §5)."""
+        if self._runsc.is_ours(runsc_path):
+            return workload  # the agent's own runsc: its runtime as it is
+        staged = worker_requests.check_runsc_path(runsc_path, self._static_dir)
+        return dataclasses.replace(workload, runsc=staged) if staged else workload
 
     async def _workload(self, bundle_dir: str, spec: pb.WorkloadSpec) -> worker_requests.Workload:
         names = [c.name for c in spec.containers]
@@ -685,6 +712,8 @@ class WorkerService:
                 bundle=bundle,
                 gpu_names=workload.gpu_names,
                 containers=workload.containers,
+                container_gpus=dict(workload.container_gpus),
+                runsc=workload.runsc,
                 identity=identity,
             )
         )

@@ -10,9 +10,11 @@ request field (or the file) at fault, which the servicer answers with ``INVALID_
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +126,12 @@ class Workload:
     """``actor_dirs.oci_bundle_dir``: one bundle per container, ``_pause`` included."""
     gpu_names: tuple[str, ...]
     """The CDI devices the app containers' configs request (empty: none requested)."""
+    container_gpus: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    """App container -> the devices its own config requests, for the containers that
+    request any (empty when none does): each app container gets exactly its own."""
+    runsc: str = ""
+    """The staged runsc the sandbox runs under (:func:`check_runsc_path`); empty: the
+    agent's own (``--runsc``)."""
 
 
 def check_uid(uid: str, field: str = "actor_uid") -> str:
@@ -195,6 +203,37 @@ def check_dir(path: str, field: str) -> Path:
     return directory
 
 
+def check_runsc_path(path: str, static_dir: Path, field: str = "runsc_path") -> str:
+    """``path`` when atelet may have staged it: an absolute, clean path strictly inside
+    ``static_dir`` (``--runsc-static-dir``, upstream's ``nodepath.StaticFilesDir``), reached
+    through no symbolic link (``static_dir``'s own components included), naming a regular
+    file that is executable; "" for "" (the agent's own runsc). As upstream's
+    ``resources.ValidateRuntimeAssetPath`` (the worker runs it as root), plus the execute
+    bit; a :class:`BadRequest` naming ``field`` and what is wrong otherwise."""
+    if not path:
+        return ""
+    where = f"{field} {path!r}"
+    if not Path(path).is_absolute() or os.path.normpath(path) != path:
+        raise BadRequest(f"{where} must be an absolute, clean path (no '.', '..' or '//')")
+    root = os.path.normpath(str(static_dir))
+    if os.path.commonpath([root, path]) != root or path == root:
+        raise BadRequest(
+            f"{where} must be inside {root} (--runsc-static-dir), where atelet stages runsc"
+        )
+    try:
+        resolved = str(Path(path).resolve(strict=True))
+        info = Path(path).stat()
+    except OSError as e:
+        raise BadRequest(f"{where}: {e.strerror or e}") from e
+    if resolved != path:
+        raise BadRequest(f"{where} must not traverse a symbolic link (it resolves to {resolved})")
+    if not stat.S_ISREG(info.st_mode):
+        raise BadRequest(f"{where} must be a regular file")
+    if not info.st_mode & 0o111 or not os.access(path, os.X_OK):
+        raise BadRequest(f"{where} must be executable (mode {stat.S_IMODE(info.st_mode):04o})")
+    return path
+
+
 def read_workload(bundle_dir: str, container_names: Sequence[str]) -> Workload:
     """Check every bundle of the sandbox exists and read the app containers' CDI requests.
 
@@ -205,11 +244,19 @@ def read_workload(bundle_dir: str, container_names: Sequence[str]) -> Workload:
     containers = check_containers(container_names)
     _read_config(root, PAUSE)
     requested: dict[str, None] = {}
+    per_container: dict[str, tuple[str, ...]] = {}
     for name in containers:
         config = _read_config(root, name)
-        for device in cdi_requests(config, root / name / _bundle.CONFIG):
-            requested.setdefault(device)
-    return Workload(containers=containers, bundle_dir=root, gpu_names=tuple(requested))
+        own = dict.fromkeys(cdi_requests(config, root / name / _bundle.CONFIG))
+        if own:
+            per_container[name] = tuple(own)
+        requested.update(own)
+    return Workload(
+        containers=containers,
+        bundle_dir=root,
+        gpu_names=tuple(requested),
+        container_gpus=per_container,
+    )
 
 
 def cdi_requests(config: Mapping[str, object], where: Path) -> list[str]:

@@ -551,3 +551,59 @@ async def test_a_legacy_gpu_actor_resumed_from_a_v1_log_holds_every_gpu(
         await agent.submit(events.SandboxExited(actor_id="gpu-trainer", status=0))
         await agent.wait_for_state("new", "running", timeout=5)
     assert allocator.table == {"new": ("nvidia.com/gpu=0",)}
+
+
+# --- GPUs per container (issue 31 §10) -------------------------------------------------------
+
+
+def test_containers_naming_the_same_gpu_share_it_within_their_sandbox() -> None:
+    """Two containers naming one GPU (by two of its names) ask for it once: one GPU of the
+    sandbox, granted once; the union of the groups, in index order."""
+    request = GpuRequest(
+        names=("nvidia.com/gpu=1", "nvidia.com/gpu=3", "nvidia.com/gpu=GPU-bbbb"),
+        groups=(("nvidia.com/gpu=1", "nvidia.com/gpu=3"), ("nvidia.com/gpu=GPU-bbbb",)),
+    )
+    assert decide(request, _worker(), set()) == Granted(("nvidia.com/gpu=1", "nvidia.com/gpu=3"))
+
+
+def test_one_container_naming_a_gpu_twice_is_refused() -> None:
+    """Within one container's group the old rule holds: the same GPU twice is refused."""
+    request = GpuRequest(
+        names=("nvidia.com/gpu=1", "nvidia.com/gpu=GPU-bbbb"),
+        groups=(("nvidia.com/gpu=1", "nvidia.com/gpu=GPU-bbbb"),),
+    )
+    assert decide(request, _worker(), set()) == Refused(
+        "'nvidia.com/gpu=GPU-bbbb' names GPU 'nvidia.com/gpu=1' a second time"
+    )
+
+
+@anyio_mark
+async def test_each_app_container_is_injected_with_its_own_gpus_and_one_naming_none_with_none(
+    make_agent: MakeAgent, injector: FakeInjector, tmp_path: Path
+) -> None:
+    """The grant is the union; each app container is injected with its own names (as the
+    allocator's canonical names), one naming none with an empty set (withheld)."""
+    apps = ("app", "side", "train")
+    for name in ("_pause", *apps):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+    allocator = GpuAllocator(_worker(), name="w1")
+    async with make_agent(allocator=allocator) as agent:
+        await agent.submit(
+            events.ActorRegistered(
+                actor_id="s",
+                gpu=True,
+                bundle=str(tmp_path),
+                gpu_names=("nvidia.com/gpu=GPU-bbbb", "nvidia.com/gpu=2"),
+                containers=apps,
+                container_gpus={
+                    "app": ("nvidia.com/gpu=GPU-bbbb",),
+                    "train": ("nvidia.com/gpu=2",),
+                },
+            )
+        )
+        await agent.submit(events.BundlePrepared(actor_id="s", bundle=str(tmp_path)))
+        await _reaches(agent, events.RunRequested(actor_id="s"), "running")
+    assert allocator.table == {"s": ("nvidia.com/gpu=1", "nvidia.com/gpu=2")}
+    assert injector.calls == [tmp_path / c for c in apps]
+    assert injector.granted == [("nvidia.com/gpu=1",), (), ("nvidia.com/gpu=2",)]

@@ -30,9 +30,10 @@ VERIFIED_BY_V2 = {"sandbox_started", "restored", "cuda_resumed"}
 def test_json_form_carries_type_version_actor_and_sequence(event_type: str) -> None:
     """The JSON object names its type, schema version, actor and sequence."""
     data = json.loads(make_event(event_type, actor_id="x").stamped(3).to_json())
-    # actor_registered v2: GPU allocation, v3: sandboxes; suspend_requested v2: image_path;
+    # actor_registered v2: GPU allocation, v3: sandboxes, v4: GPUs per container;
+    # suspend_requested v2: image_path;
     # v2 of the start/restore outcomes: the GPU check after start/restore.
-    versions = {"actor_registered": 3, "suspend_requested": 2, **dict.fromkeys(VERIFIED_BY_V2, 2)}
+    versions = {"actor_registered": 4, "suspend_requested": 2, **dict.fromkeys(VERIFIED_BY_V2, 2)}
     version = versions.get(event_type, 1)
     assert (data["type"], data["v"], data["actor_id"], data["seq"]) == (event_type, version, "x", 3)
     assert isinstance(data["at"], float)

@@ -476,3 +476,81 @@ async def test_a_sandbox_actors_gpus_are_listed_in_every_app_container(node: Nod
     assert node.smi.calls == []  # the node's own exec cannot reach a per-actor root
     assert outcome.type == "gpu_verification_failed"
     assert "container side:" in outcome.message and f"other actors' {B}" in outcome.message
+
+
+class MissingSmiExec(RootedExec):
+    """Like :class:`RootedExec`, but a container without a listing has no nvidia-smi."""
+
+    async def exec(self, container_id: str, argv: Any, timeout: float | None = None) -> Any:
+        if container_id not in self.listings:
+            self.exec_calls.append((container_id, *argv))
+            return _process.CommandResult(
+                argv=tuple(argv),
+                returncode=127,
+                stdout="",
+                stderr=f'exec: "{argv[0]}": executable file not found in $PATH',
+            )
+        return await super().exec(container_id, argv, timeout)
+
+
+PER_CONTAINER = {"app": "nvidia.com/gpu=0", "train": f"nvidia.com/gpu={B},nvidia.com/gpu=2"}
+
+
+def per_container_view() -> ActorView:
+    """A sandbox whose app and train name their GPUs (train by UUID), side none."""
+    return view(
+        "verifying",
+        "nvidia.com/gpu=0,nvidia.com/gpu=1,nvidia.com/gpu=2",
+        containers=("app", "train", "side"),
+        container_gpus=PER_CONTAINER,
+    )
+
+
+async def test_with_gpus_per_container_each_is_checked_against_its_own_set(node: Node) -> None:
+    """Each app container lists exactly its own GPUs; one given none lists none (no
+    nvidia-smi in it at all reads as none: only the driver mounts bring it)."""
+    from substrate_gpu.lifecycle import verify
+
+    calls: list[tuple[str, ...]] = []
+    node.runtime = MissingSmiExec({"app": listing(A), "train": listing(B, C)}, calls)
+    outcome = await verify.verify(
+        node.ctx(), per_container_view(), events.SandboxStarted(actor_id="a")
+    )
+    assert outcome.type == "gpus_verified", outcome
+    assert [c[0] for c in calls] == ["app", "train", "side"]
+    assert f"app {A}; train {B}, {C}; side none" in outcome.message
+
+
+@pytest.mark.parametrize(
+    ("listings", "problem"),
+    [
+        pytest.param(
+            {"app": listing(A, B), "train": listing(B, C)},
+            f"container app: the sandbox sees GPU(s) {A}, {B}",
+            id="a-container-sees-its-siblings-gpu",
+        ),
+        pytest.param(
+            {"app": listing(A), "train": listing(B, C), "side": listing(A)},
+            f"container side: the sandbox sees GPU(s) {A}, not exactly its own (none)",
+            id="a-container-given-none-sees-one",
+        ),
+        pytest.param(
+            {"app": listing(A), "train": listing(C)},
+            f"container train: the sandbox sees GPU(s) {C}",
+            id="a-container-misses-one-of-its-own",
+        ),
+    ],
+)
+async def test_a_container_seeing_other_than_its_own_gpus_fails_the_actor(
+    node: Node, listings: dict[str, str], problem: str
+) -> None:
+    """Another container's GPU is as foreign as another actor's: the actor fails, naming
+    the container, and the sandbox is deleted."""
+    from substrate_gpu.lifecycle import verify
+
+    node.runtime = MissingSmiExec(listings, [])
+    outcome = await verify.verify(
+        node.ctx(), per_container_view(), events.SandboxStarted(actor_id="a")
+    )
+    assert outcome.type == "gpu_verification_failed"
+    assert problem in outcome.message

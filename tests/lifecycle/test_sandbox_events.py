@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,10 +26,10 @@ def _registered(**fields: object) -> events.ActorRegistered:
 
 
 def test_a_sandbox_registration_keeps_its_containers_in_order_and_its_identity() -> None:
-    """containers (``_pause`` implied) and identity survive the JSON form at v3."""
+    """containers (``_pause`` implied) and identity survive the JSON form (v3's fields)."""
     event = _registered(containers=("app", "sidecar"), identity=IDENTITY)
     data = json.loads(event.to_json())
-    assert (data["v"], data["containers"], data["identity"]) == (3, ["app", "sidecar"], IDENTITY)
+    assert (data["v"], data["containers"], data["identity"]) == (4, ["app", "sidecar"], IDENTITY)
     back = events.from_json(event.to_json())
     assert back == event
     assert hash(back) == hash(event)
@@ -219,3 +220,140 @@ async def test_recovery_mid_checkpoint_finds_the_image_where_the_suspend_asked(
     assert outcome.image_path == str(image)
     assert recovery.actors["a"].checkpoint == str(image)
     assert read_log(log_path).events[-1].type == "suspend_requested"
+
+
+# --- actor_registered v4: GPUs per container (issue 31 §10) --------------------------------
+
+PER_CONTAINER = {"app": ("nvidia.com/gpu=0",), "train": ("nvidia.com/gpu=1", "nvidia.com/gpu=0")}
+
+
+def test_container_gpus_survive_the_json_form_the_record_and_a_snapshot(tmp_path: Path) -> None:
+    """v4 carries each container's names; the record keeps them comma-joined, and a
+    snapshot keeps the record's (an older snapshot, without them, reads as none)."""
+    from substrate_gpu.lifecycle.actors import Actor
+
+    event = _registered(
+        containers=("app", "train", "side"),
+        gpu_names=("nvidia.com/gpu=0", "nvidia.com/gpu=1"),
+        container_gpus=PER_CONTAINER,
+    )
+    data = json.loads(event.to_json())
+    assert (data["v"], data["container_gpus"]) == (
+        4,
+        {"app": ["nvidia.com/gpu=0"], "train": ["nvidia.com/gpu=1", "nvidia.com/gpu=0"]},
+    )
+    back = events.from_json(event.to_json())
+    assert back == event and hash(back) == hash(event)
+    assert isinstance(back, events.ActorRegistered) and back.per_container
+    actor = Actor("s", "registered")
+    actor.remember_registration(back)
+    view = actor.snapshot()
+    assert view.container_gpus == {
+        "app": "nvidia.com/gpu=0",
+        "train": "nvidia.com/gpu=1,nvidia.com/gpu=0",
+    }
+    path = snapshot.write(tmp_path / "events.jsonl", snapshot.build(3, [view], {}))
+    assert snapshot.read(path, seq=3).actors == (view,)
+    old = json.loads(path.read_text())
+    del old["actors"][0]["container_gpus"]
+    path.write_text(json.dumps(old))
+    (read,) = snapshot.read(path, seq=3).actors
+    assert read.container_gpus == {}
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem", "path"),
+    [
+        pytest.param(
+            {"container_gpus": {"other": ("nvidia.com/gpu=0",)}},
+            "'other' is not one of the app containers",
+            "container_gpus.other",
+            id="not-a-container",
+        ),
+        pytest.param(
+            {"container_gpus": {"app": ()}},
+            "'app' lists no GPU",
+            "container_gpus.app",
+            id="empty-list",
+        ),
+        pytest.param(
+            {"container_gpus": {"app": ("nvidia.com/gpu=0", "nvidia.com/gpu=0")}},
+            "'app' names a GPU twice",
+            "container_gpus.app",
+            id="repeated",
+        ),
+        pytest.param(
+            {"container_gpus": {"app": ("gpu0",)}, "gpu_names": ("gpu0",)},
+            "gpu_names must be fully qualified",
+            "gpu_names[0]",
+            id="unqualified",
+        ),
+        pytest.param(
+            {"container_gpus": {"app": ("nvidia.com/gpu=1",)}},
+            "are not gpu_names (nvidia.com/gpu=0)",
+            "gpu_names",
+            id="not-the-union",
+        ),
+        pytest.param(
+            {"container_gpus": {"app": ("nvidia.com/gpu=0",)}, "v": 3},
+            "container_gpus needs v 4 (this line is v 3)",
+            "container_gpus",
+            id="older-version",
+        ),
+    ],
+)
+def test_a_bad_container_gpus_is_refused_naming_the_field(
+    fields: dict[str, object], problem: str, path: str
+) -> None:
+    """Keys are app containers, lists non-empty without repeats, the union is gpu_names."""
+    base: dict[str, object] = {
+        "containers": ("app", "side"),
+        "gpu_names": ("nvidia.com/gpu=0",),
+    }
+    with pytest.raises(errors.EventFieldError, match=re.escape(problem)) as caught:
+        _registered(**(base | fields))
+    assert caught.value.field == path
+
+
+def test_a_v3_line_keeps_its_meaning_every_app_container_the_actors_gpus() -> None:
+    """An older line reads with no container_gpus: the seed PR's rule."""
+    line = {"type": "actor_registered", "v": 3, "actor_id": "s", "gpu": True, "bundle": "/b"}
+    event = events.from_json(json.dumps(line | {"containers": ["app", "side"]}))
+    assert isinstance(event, events.ActorRegistered)
+    assert (event.v, event.container_gpus, event.per_container) == (3, {}, False)
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        pytest.param({"runsc": "runsc"}, "is not an absolute path", id="relative"),
+        pytest.param({"runsc": "/s/runsc", "containers": ()}, "needs containers", id="no-sandbox"),
+        pytest.param({"runsc": "/s/runsc", "v": 3}, "runsc needs v 4", id="older-version"),
+    ],
+)
+def test_a_sandboxs_own_runsc_is_an_absolute_path_of_a_v4_sandbox(
+    fields: dict[str, object], problem: str
+) -> None:
+    """runsc (issue 31 §5) names the binary a sandbox runs under."""
+    with pytest.raises(errors.EventFieldError, match=re.escape(problem)) as caught:
+        _registered(**({"containers": ("app",)} | fields))
+    assert caught.value.field == "runsc"
+
+
+def test_a_sandboxs_own_runsc_reaches_the_record_and_the_runtime(tmp_path: Path) -> None:
+    """The record keeps it; the sandbox's runtime is the driver running that binary under
+    the actor's own root; a runtime that cannot switch binaries fails the effect, naming it."""
+    from substrate_gpu.lifecycle import sandbox
+    from substrate_gpu.lifecycle.actors import Actor
+    from substrate_gpu.runsc import driver
+
+    actor = Actor("s", "registered")
+    actor.remember_registration(_registered(containers=("app",), runsc="/static/b/runsc"))
+    view = actor.snapshot()
+    assert view.runsc == "/static/b/runsc"
+    agents = driver.RunscDriver(driver.RunscConfig(root=tmp_path, runsc="/usr/bin/runsc"))
+    runtime = sandbox.of(agents, view).runtime
+    assert isinstance(runtime, driver.RunscDriver)
+    assert (runtime.config.runsc, runtime.config.root) == ("/static/b/runsc", tmp_path / "s")
+    with pytest.raises(sandbox.SandboxError, match="cannot run the sandbox's own"):
+        sandbox.of(FakeRuntime(), view)

@@ -138,9 +138,9 @@ def test_the_worker_socket_is_private(agent, tmp_path):
         ),
         pytest.param(
             {"runsc_path": "/bin/sh"},
-            PRECONDITION,
-            "runsc_path '/bin/sh' is not the runsc this agent runs",
-            id="another-runsc",
+            INVALID,
+            "runsc_path '/bin/sh' must be inside /var/lib/ate/static-files",
+            id="outside-the-static-files",
         ),
     ],
 )

@@ -150,6 +150,28 @@ def test_all_by_name_is_every_gpu_and_a_gpu_named_twice_counts_once(
     assert _no_gpu_in(actor.bundles / "_pause")
 
 
+def test_a_container_naming_its_gpus_gets_those_and_its_sibling_naming_none_gets_none(
+    worker, agent, tmp_path
+):
+    """GPUs per container (issue 31 §10): ``app`` annotates GPU 2, ``side`` nothing: app
+    holds GPU 2 alone, side no NVIDIA device or mount; logged per container."""
+    runsc = str(tmp_path / "bin" / "runsc")  # the agent's --runsc
+    actor = Actor(tmp_path / "per", uid="per", apps=("app", "side"), runsc=runsc).prepare()
+    config_path = actor.bundles / "app" / "config.json"
+    config = json.loads(config_path.read_text())
+    config.setdefault("annotations", {})["cdi.k8s.io/app"] = "nvidia.com/gpu=2"
+    config_path.write_text(json.dumps(config))
+    assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
+    assert gpus_in(actor.bundles / "app") == [2]
+    side = json.loads((actor.bundles / "side" / "config.json").read_text())
+    assert not [d for d in side.get("linux", {}).get("devices", []) if "nvidia" in d["path"]]
+    assert not [m for m in side.get("mounts", []) if "nvidia" in json.dumps(m)]
+    logged = [json.loads(line) for line in agent.log.read_text().splitlines()]
+    [registered] = [e for e in logged if e.get("type") == "actor_registered"]
+    assert registered["container_gpus"] == {"app": ["nvidia.com/gpu=2"]}
+    assert registered["gpu_names"] == ["nvidia.com/gpu=2"]
+
+
 def test_a_live_cuda_context_with_no_suspend_route_is_refused_and_keeps_running(
     worker, agent, tmp_path
 ):
