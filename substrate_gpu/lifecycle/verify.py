@@ -134,7 +134,9 @@ async def _stuck_process(settings: gpu.GpuSettings, target: _Target) -> str | No
 async def _foreign_gpus(
     settings: gpu.GpuSettings, target: _Target, own: tuple[str, ...]
 ) -> str | None:
-    """Why the sandbox's GPUs are not exactly ``own`` (None: they are)."""
+    """Why the sandbox's GPUs are not exactly ``own`` (None: they are). A GPU named twice
+    (by index and by UUID) is in ``own`` once."""
+    own = tuple(dict.fromkeys(own))
     if target.runner is None:
         raise CannotCheck("no sandbox exec to list its GPUs with")
     try:

@@ -241,6 +241,10 @@ class RunscBinary:
         candidate = Path(runsc_path)
         if self.path is None or not candidate.is_absolute() or not candidate.is_file():
             return False
+        if os.path.normpath(runsc_path) != runsc_path:
+            return False  # '..' or '.': checked (and refused) as a staged path
+        if runsc_path != self.configured and os.path.realpath(runsc_path) != runsc_path:
+            return False  # through a symbolic link: likewise
         return candidate.resolve() == self.path or self._digest(candidate) == self._digest(
             self.path
         )

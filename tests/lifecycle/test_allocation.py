@@ -566,15 +566,14 @@ def test_containers_naming_the_same_gpu_share_it_within_their_sandbox() -> None:
     assert decide(request, _worker(), set()) == Granted(("nvidia.com/gpu=1", "nvidia.com/gpu=3"))
 
 
-def test_one_container_naming_a_gpu_twice_is_refused() -> None:
-    """Within one container's group the old rule holds: the same GPU twice is refused."""
+def test_one_container_naming_a_gpu_twice_counts_it_once() -> None:
+    """Within one container's group too, a GPU named twice (index and UUID) is that GPU once
+    (issue 30 item 7: as the CDI reference library resolves names)."""
     request = GpuRequest(
         names=("nvidia.com/gpu=1", "nvidia.com/gpu=GPU-bbbb"),
         groups=(("nvidia.com/gpu=1", "nvidia.com/gpu=GPU-bbbb"),),
     )
-    assert decide(request, _worker(), set()) == Refused(
-        "'nvidia.com/gpu=GPU-bbbb' names GPU 'nvidia.com/gpu=1' a second time"
-    )
+    assert decide(request, _worker(), set()) == Granted(("nvidia.com/gpu=1",))
 
 
 @anyio_mark

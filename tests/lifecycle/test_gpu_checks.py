@@ -452,6 +452,7 @@ class RootedExec(FakeRuntime):
         self.exec_calls = calls
 
     def for_actor(self, actor_id: str) -> RootedExec:
+        self.root = actor_id  # one actor per test: its root is this runtime's
         return self
 
     async def exec(self, container_id: str, argv: Any, timeout: float | None = None) -> Any:

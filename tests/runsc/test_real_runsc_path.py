@@ -21,7 +21,6 @@ from support import real_runsc as runsc_
 from support.runsc_builds import build
 
 from substrate_gpu import preflight
-from substrate_gpu.service.ateworker import ateworker_pb2 as pb
 
 OK = grpc.StatusCode.OK
 
@@ -112,6 +111,6 @@ def test_two_staged_builds_each_run_the_sandbox_that_names_it(
     restored = status_of(worker.RestoreWorkload, on_gvisor.restore_request(runsc_path=str(gvisor)))
     assert restored == (OK, "")
     assert sorted(runsc_.list_ids(real_runsc, root / "on-gvisor.2")) == ["_pause", "app"]
-    for uid in ("on-gvisor", "on-standin"):
-        worker.TerminateWorkload(pb.TerminateWorkloadRequest(actor_uid=uid), timeout=120)
+    for actor, binary in ((on_gvisor, gvisor), (on_standin, other)):
+        worker.TerminateWorkload(actor.terminate(runsc_path=str(binary)), timeout=120)
     assert runsc_.list_ids(real_runsc, root / "on-gvisor.2") == []

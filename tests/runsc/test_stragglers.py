@@ -19,6 +19,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from support.real import missing
 
 from substrate_gpu import _process
 from substrate_gpu.runsc import api, driver, stragglers
@@ -119,13 +120,14 @@ def _stalled_pid(knob: Path, timeout: float = 20) -> int:
     return int(stalled.read_text())
 
 
-@pytest.mark.skipif(_process.setpriv() is None, reason="setpriv (util-linux) is not installed")
 @pytest.mark.parametrize("die_with_parent", [True, False])
 def test_a_command_dies_with_its_killed_parent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, die_with_parent: bool
 ) -> None:
     """SIGKILL of the process running a stalled runsc command: with ``die_with_parent`` the
     command dies at once; without, it runs on (and would land late)."""
+    if _process.setpriv() is None:
+        missing("setpriv (util-linux)")
     knob = tmp_path / "stall"
     knob.write_text("start x\n")
     monkeypatch.setenv("RUNSC_STANDIN_STALL", str(knob))

@@ -97,7 +97,8 @@ def _refusals(static: Path, staged: Path, tmp: Path) -> dict[str, tuple[str, str
         "traversal": (f"{static}/sha256-0f1e/../../builds/agents/runsc", "absolute, clean path"),
         "dot-dot-inside": (f"{static}/dir/../sha256-0f1e/runsc", "absolute, clean path"),
         "relative": ("static-files/runsc", "absolute, clean path"),
-        "outside": (str(tmp / "builds" / "agents" / "runsc"), f"must be inside {static}"),
+        # Another build than the agent's own (whose --runsc path is honoured wherever it is).
+        "outside": (str(elsewhere / "runsc"), f"must be inside {static}"),
         "the-directory-itself": (str(static), f"must be inside {static}"),
         "symlink": (str(static / "link"), "must not traverse a symbolic link"),
         "symlinked-directory": (
@@ -176,18 +177,25 @@ def test_the_staged_build_runs_the_sandbox_and_its_manifest_names_it(
 
     shutil.copytree(actor.checkpoint, actor.restore)
     actor.prepare()
-    refused = status_of(worker.RestoreWorkload, actor.restore_request())
+    own = str(tmp_path / "builds" / "agents" / "runsc")  # the agent's --runsc
+    refused = status_of(worker.RestoreWorkload, actor.restore_request(runsc_path=own))
     assert refused[0] == grpc.StatusCode.FAILED_PRECONDITION, refused
     assert "another sandbox runtime" in refused[1] and "runsc_sha256" in refused[1]
     actor.prepare()
     restored = worker.RestoreWorkload(actor.restore_request(runsc_path=str(staged)))
     assert isinstance(restored, pb.RestoreWorkloadResponse)
-    worker.TerminateWorkload(pb.TerminateWorkloadRequest(actor_uid=actor.uid))
+    worker.TerminateWorkload(actor.terminate(runsc_path=str(staged)))
 
 
-def test_without_runsc_path_the_agents_own_runsc_runs(worker, agent, staged, tmp_path):
-    """An empty runsc_path: the agent's --runsc, as before."""
-    actor = Actor(tmp_path / "actor").prepare()
+def test_the_agents_own_runsc_path_runs_the_agents_runsc(worker, agent, staged, tmp_path):
+    """runsc_path naming the agent's --runsc (outside the static-files directory): the
+    agent's own runtime, as before; an empty one is required (upstream's answer)."""
+    own = str(tmp_path / "builds" / "agents" / "runsc")
+    actor = Actor(tmp_path / "actor", runsc=own).prepare()
     assert status_of(worker.RunWorkload, actor.run()) == (OK, "")
     assert str(staged) not in _calls(staged.parent)
-    worker.TerminateWorkload(pb.TerminateWorkloadRequest(actor_uid=actor.uid))
+    worker.TerminateWorkload(actor.terminate())
+    assert status_of(worker.RunWorkload, actor.run(runsc_path="")) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "runsc_path: Required value",
+    )
