@@ -86,12 +86,14 @@ class _Logger:
         return _Logger(self._name, {**self._context, **context})
 
     def __getattr__(self, attribute: str) -> Any:
-        logger = self._logger
-        if logger is None:
-            pending = _pending
-            if pending is not None and _METHOD_LEVELS.get(attribute, 100) < pending.level:
+        # A pending configuration decides even for a logger bound before it was set (an
+        # embedding program that runs the CLI again after structlog was configured once).
+        pending = _pending
+        if pending is not None:
+            if _METHOD_LEVELS.get(attribute, 100) < pending.level:
                 return _dropped
             _configure_pending()
+        logger = self._logger
         import structlog  # noqa: PLC0415  (the point of this module; cached after the first)
 
         if not structlog.is_configured():

@@ -12,13 +12,35 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import structlog
 from support import real_runsc as real_runsc_
 from support.real import missing
 
 pytest_plugins = ("support.leaks",)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _structlog_loggers_follow_each_configuration() -> Iterator[None]:
+    """No structlog logger cached on first use in the test processes: many configurations
+    come and go in one of them (the CLI run in-process configures logging, capture_logs
+    and the observability fixtures reconfigure it), and a logger cached under an earlier
+    one would log past a later capture, or print, depending on which tests ran before."""
+    configure = structlog.configure
+
+    def uncached(*args: Any, **kwargs: Any) -> None:
+        kwargs["cache_logger_on_first_use"] = False
+        configure(*args, **kwargs)
+
+    structlog.configure = uncached
+    try:
+        yield
+    finally:
+        structlog.configure = configure
 
 
 @pytest.fixture(scope="session")

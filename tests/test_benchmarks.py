@@ -152,5 +152,5 @@ def test_bench_worker_api_cleans_the_direct_arm_after_a_failing_round(
         assert f" {tmp_path}/" not in mounts
         assert list(tmp_path.iterdir()) == []  # the bench's temp directory went too
     finally:
-        for root in tmp_path.glob("bench-worker-api-*/direct-root/*"):
+        for root in tmp_path.glob("bwa-*/direct-root/*"):
             real_runsc_.delete_all(real_runsc, root)

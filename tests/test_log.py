@@ -69,6 +69,26 @@ def test_the_first_record_at_the_level_configures_once() -> None:
     assert out == {"configured": 1}
 
 
+def test_a_pending_level_holds_for_a_logger_that_logged_before_it() -> None:
+    """A logger that logged once while structlog was configured still drops a record below
+    a configuration set later (the CLI run again in one process)."""
+    out = _run(
+        "import structlog\nfrom substrate_gpu import _log\n"
+        "seen = []\n"
+        "def keep(_, __, event): seen.append(event['event']); raise structlog.DropEvent\n"
+        "structlog.configure(processors=[keep])\n"
+        "log = _log.get_logger('m')\n"
+        "log.info('first')\n"
+        "out['configured'] = 0\n"
+        "def configure(): out['configured'] += 1\n"
+        "_log.configure_on_first_log(configure, level='WARNING')\n"
+        "log.info('below')\n"
+        "log.warning('at')\n"
+        "out['seen'] = seen"
+    )
+    assert out == {"configured": 1, "seen": ["first", "at"]}
+
+
 def test_a_bound_logger_logs_through_structlog_with_its_context() -> None:
     """Records reach structlog with the logger's bound context, and follow its configuration
     (here: structlog's own capture)."""

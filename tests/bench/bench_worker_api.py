@@ -208,7 +208,9 @@ def main_run(rounds: int, smoke: bool) -> int:
         )
         required = os.environ.get("SUBSTRATE_GPU_REQUIRE_REAL") == "1"
         return 1 if (required or not smoke) else 0
-    with tempfile.TemporaryDirectory(prefix="bench-worker-api-") as tmp:
+    # A short prefix: the socket's path must stay under 108 bytes (sun_path) even below a
+    # deep temporary directory (the suite's tmp_path).
+    with tempfile.TemporaryDirectory(prefix="bwa-") as tmp:
         base = Path(tmp)
         sock = base / "worker.sock"
         flags = [f"--runsc-flag={f}" for f in real_runsc.GLOBAL_FLAGS]
@@ -243,7 +245,9 @@ def main_run(rounds: int, smoke: bool) -> int:
         grpc_times: list[list[float]] = []
         direct_times: list[list[float]] = []
         try:
-            workerclient.wait_until(sock.exists, timeout=30)
+            workerclient.wait_until(lambda: sock.exists() or agent.poll() is not None, 30)
+            if agent.poll() is not None:
+                raise RuntimeError(f"the agent exited ({agent.returncode}) before serving")
             worker = workerclient.connect(sock)
             bundle_dir = _direct_bundles(base)
             for i in range(rounds):
