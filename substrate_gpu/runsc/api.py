@@ -191,6 +191,24 @@ class PerActorRoot(Protocol):
 
 
 @runtime_checkable
+class SandboxPause(Protocol):
+    """Freezing a sandbox and thawing it (``runsc pause`` / ``runsc resume``).
+
+    Kept apart from :class:`SandboxRuntime`, as :class:`SandboxExec` is: the worker API
+    pauses a sandbox around the archive of its durable-dir volumes (upstream's
+    ``SNAPSHOT_SCOPE_DATA``), which is no lifecycle transition.
+    """
+
+    async def pause(self, container_id: str) -> None:
+        """``runsc --root R pause ID``."""
+        ...
+
+    async def resume(self, container_id: str) -> None:
+        """``runsc --root R resume ID``."""
+        ...
+
+
+@runtime_checkable
 class SandboxExec(Protocol):
     """Running a command inside an existing sandbox (``runsc exec``).
 

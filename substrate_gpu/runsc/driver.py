@@ -60,6 +60,8 @@ class Timeouts:
     """``kill``: signals the container."""
     delete: float = 60.0
     """``delete``: tears the sandbox down."""
+    pause: float = 30.0
+    """``pause`` and ``resume``: freeze and thaw the sandbox (upstream's resume ceiling)."""
     exec: float = 60.0
     """``exec``: a command run inside the sandbox (``cuda-checkpoint``), unless the caller
     gives its own timeout."""
@@ -450,6 +452,22 @@ class RunscDriver:
             argv.kill(self._inv, container_id, signal),
             timeout=self.config.timeouts.kill,
             doing=f"sending {signal} to container {container_id}",
+        )
+
+    async def pause(self, container_id: str) -> None:
+        """``runsc --root R pause ID`` (of ``_pause``: every process of the sandbox)."""
+        await self._run(
+            argv.pause(self._inv, container_id),
+            timeout=self.config.timeouts.pause,
+            doing=f"pausing container {container_id}",
+        )
+
+    async def resume(self, container_id: str) -> None:
+        """``runsc --root R resume ID``."""
+        await self._run(
+            argv.resume(self._inv, container_id),
+            timeout=self.config.timeouts.pause,
+            doing=f"resuming container {container_id}",
         )
 
     async def delete(self, container_id: str, *, force: bool = False) -> None:

@@ -74,6 +74,8 @@ COMMAND_FLAGS: dict[str, dict[str, bool]] = {
     "state": {},
     "kill": {"all": False, "pid": True},
     "delete": {"force": False},
+    "pause": {},
+    "resume": {},
     "ps": {"format": True},
     "checkpoint": {
         "image-path": True,
@@ -116,6 +118,8 @@ USAGES = {
     "state": "state [flags] <container id> - get the container state",
     "kill": "kill [flags] <container id> <signal>",
     "delete": "delete [flags] <container ids>",
+    "pause": "pause <container id> - pause all processes in the container",
+    "resume": "resume <container id> - resume a paused container",
     "ps": "ps [flags] <container id> [ps options]",
     "checkpoint": "checkpoint [flags] <container id> - save current state of container.",
     "restore": "restore [flags] <id> - restore a secure container from an image.",
@@ -592,6 +596,24 @@ def cmd_delete(root: str, flags: dict[str, str], rest: list[str]) -> None:
         runc(root, "delete", *(["--force"] if force else []), cid)
 
 
+def cmd_pause(root: str, rest: list[str], *, resume: bool) -> None:
+    """``pause``/``resume``: of a root container, every container of its sandbox (runsc
+    freezes the whole sentry); each is its own runc container here, frozen by runc's
+    freezer. A container in the wrong state is refused with runsc's words."""
+    verb = "resume" if resume else "pause"
+    cid = one_id(rest, verb)
+    state = load_state(root, cid)
+    status = state.get("status")
+    if status != ("paused" if resume else "running"):
+        raise Fatal(f'{verb} failed: cannot {verb} container "{cid}" in state {status}')
+    joined = sandbox_of(bundle_config(str(state.get("bundle", "."))))
+    targets = [cid] if joined is not None else [cid, *members(root, cid)]
+    for target in targets:
+        # A member that already exited (stopped) has nothing to freeze or thaw.
+        if load_state(root, target).get("status") == ("paused" if resume else "running"):
+            runc(root, verb, target)
+
+
 def cmd_ps(root: str, flags: dict[str, str], rest: list[str]) -> None:
     cid = one_id(rest, "ps")
     load_state(root, cid)
@@ -666,6 +688,8 @@ def _dispatch(argv: list[str]) -> int:
         cmd_kill(root, flags, positional)
     elif command == "delete":
         cmd_delete(root, flags, positional)
+    elif command in ("pause", "resume"):
+        cmd_pause(root, positional, resume=command == "resume")
     elif command == "ps":
         cmd_ps(root, flags, positional)
     elif command == "help":
