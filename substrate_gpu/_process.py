@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Protocol
 
 import anyio
 
@@ -31,6 +31,18 @@ from substrate_gpu import exceptions
 
 #: Output kept from a command in error messages, so a chatty tool cannot flood the logs.
 MAX_OUTPUT_IN_ERROR = 4000
+
+
+class CommandOutput(Protocol):
+    """Where a command's stdout and stderr go instead of a file of ours (``run_command``)."""
+
+    def fileno(self) -> int:
+        """The descriptor the command writes to."""
+        ...
+
+    def drain(self) -> bytes:
+        """What the command wrote, once it has ended."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,7 @@ async def run_command(
     cwd: str | os.PathLike[str] | None = None,
     check: bool = True,
     umask: int = -1,
+    output: CommandOutput | None = None,
 ) -> CommandResult:
     """Run ``argv`` to completion within ``timeout`` seconds.
 
@@ -80,7 +93,10 @@ async def run_command(
     command cannot be started, times out (its whole process group is killed), or, with
     ``check``, exits non-zero. Cancellation of the caller kills the process group too.
     ``umask`` (when not negative) is the command's own, set in the child before it runs:
-    this process's umask is untouched.
+    this process's umask is untouched. ``output``: the command's stdout and stderr go to
+    its file descriptor instead (a pipe that outlives the command: a container's stdio), and
+    what it wrote there is the result's ``stderr`` (``output.drain()``, called however the
+    command ends).
     """
     args = tuple(str(a) for a in argv)
     with (
@@ -91,8 +107,8 @@ async def run_command(
             process = await anyio.open_process(
                 list(args),
                 stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
+                stdout=out if output is None else output.fileno(),
+                stderr=err if output is None else output.fileno(),
                 env=dict(env) if env is not None else None,
                 cwd=cwd,
                 start_new_session=True,
@@ -120,8 +136,11 @@ async def run_command(
                 with anyio.CancelScope(shield=True):
                     await process.wait()
             await process.aclose()
+            captured = output.drain() if output is not None else None
 
         stdout, stderr = _read_all(out), _read_all(err)
+        if captured is not None:
+            stderr = captured.decode("utf-8", errors="replace")
 
     if timed_out:
         raise exceptions.ExternalCommandError(

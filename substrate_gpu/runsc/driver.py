@@ -86,6 +86,11 @@ class RunscConfig:
     """Per-operation timeouts."""
     pid_dir: Path | None = None
     """Where ``create`` writes ``<id>.pid``; ``None``: ``<bundle>/runsc.pid``."""
+    container_output: api.ContainerOutputs | None = None
+    """Where app containers' stdio goes, for a multi-container sandbox (:meth:`RunscDriver.
+    for_actor`): ``create`` and ``restore`` of each container but ``_pause`` get its pipe as
+    their stdout and stderr (runsc's own messages come back from it). None: a file of the
+    command, as for every other command."""
     upstream_worker_flags: bool = False
     """Pass what upstream's gVisor worker passes where this runsc has it:
     ``--cpu-num-from-quota`` on ``create`` and ``restore`` (the sentry's vCPUs from the
@@ -101,6 +106,9 @@ class RunscConfig:
             nvproxy_flags=self.nvproxy_flags,
         )
 
+
+_PAUSE = "_pause"
+"""The sandbox's root container: its output is never piped (upstream gives it the worker's)."""
 
 _STATUSES: frozenset[str] = frozenset(get_args(api.ContainerStatus))
 
@@ -195,6 +203,8 @@ class RunscDriver:
         self._features: api.RunscFeatures | None = None
         self._features_lock = anyio.Lock()
         self._parent = parent
+        self._sandbox: str | None = None
+        """The actor this driver's root is (:meth:`for_actor`); None: the agent's root."""
         """The driver whose root this one's is under (:meth:`for_actor`): the same binary,
         so its detected features are asked of it (detected once for all actors)."""
 
@@ -207,13 +217,23 @@ class RunscDriver:
             root=self.config.root / actor_id,
             pid_dir=None if self.config.pid_dir is None else self.config.pid_dir / actor_id,
         )
-        return RunscDriver(config, parent=self._parent or self)
+        child = RunscDriver(config, parent=self._parent or self)
+        child._sandbox = actor_id
+        return child
 
     async def _run(
-        self, args: tuple[str, ...], *, timeout: float, doing: str, umask: int = -1
+        self,
+        args: tuple[str, ...],
+        *,
+        timeout: float,
+        doing: str,
+        umask: int = -1,
+        output: _process.CommandOutput | None = None,
     ) -> _process.CommandResult:
         try:
-            return await _process.run_command(args, timeout=timeout, what=doing, umask=umask)
+            return await _process.run_command(
+                args, timeout=timeout, what=doing, umask=umask, output=output
+            )
         except exceptions.ExternalCommandError as e:
             raise errors.from_command_error(e) from e
 
@@ -330,17 +350,39 @@ class RunscDriver:
             nvproxy=nvproxy,
             extra=await self._upstream_flags("create"),
         )
-        await self._run(
-            args, timeout=self.config.timeouts.create, doing=f"creating container {container_id}"
-        )
+        try:
+            await self._run(
+                args,
+                timeout=self.config.timeouts.create,
+                doing=f"creating container {container_id}",
+                output=self._output_of(container_id, fresh=True),
+            )
+        except BaseException:
+            self._release_output(container_id)  # no start follows
+            raise
+
+    def _output_of(self, container_id: str, *, fresh: bool) -> _process.CommandOutput | None:
+        """The app container's stdio pipe (``RunscConfig.container_output``), if any."""
+        outputs = self.config.container_output
+        if outputs is None or self._sandbox is None or container_id == _PAUSE:
+            return None
+        return outputs.open(self._sandbox, container_id, fresh=fresh)
+
+    def _release_output(self, container_id: str) -> None:
+        if self.config.container_output is not None and self._sandbox is not None:
+            self.config.container_output.release(self._sandbox, container_id)
 
     async def start(self, container_id: str) -> None:
         """``runsc --root R start ID``."""
-        await self._run(
-            argv.start(self._inv, container_id, extra=await self._upstream_flags("start")),
-            timeout=self.config.timeouts.start,
-            doing=f"starting container {container_id}",
-        )
+        try:
+            await self._run(
+                argv.start(self._inv, container_id, extra=await self._upstream_flags("start")),
+                timeout=self.config.timeouts.start,
+                doing=f"starting container {container_id}",
+                output=self._output_of(container_id, fresh=False),
+            )
+        finally:
+            self._release_output(container_id)
 
     async def checkpoint(
         self,
@@ -383,18 +425,23 @@ class RunscDriver:
 
         Pass ``nvproxy=True`` for every container of a GPU sandbox, the pause container too.
         """
-        await self._run(
-            argv.restore(
-                self._inv,
-                container_id,
-                bundle=bundle,
-                image_path=image_path,
-                nvproxy=nvproxy,
-                extra=await self._upstream_flags("restore"),
-            ),
-            timeout=self.config.timeouts.restore,
-            doing=f"restoring container {container_id}",
+        args = argv.restore(
+            self._inv,
+            container_id,
+            bundle=bundle,
+            image_path=image_path,
+            nvproxy=nvproxy,
+            extra=await self._upstream_flags("restore"),
         )
+        try:
+            await self._run(
+                args,
+                timeout=self.config.timeouts.restore,
+                doing=f"restoring container {container_id}",
+                output=self._output_of(container_id, fresh=True),
+            )
+        finally:
+            self._release_output(container_id)
 
     async def state(self, container_id: str) -> api.ContainerState:
         """``runsc --root R state ID``, parsed."""

@@ -58,6 +58,7 @@ from substrate_gpu.rootfs import mounts, overlay
 from substrate_gpu.runsc import api as runsc_api
 from substrate_gpu.service import (
     _socketfile,
+    actor_log,
     cgroup_stats,
     durable_dirs,
     protocol,
@@ -225,13 +226,15 @@ class WorkerService:
         max_actors: int = _defaults.MAX_ACTORS,
         image_layers_dir: Path = overlay.DEFAULT_LAYERS_DIR,
         runtime: runsc_api.SandboxRuntime | None = None,
+        actor_logs: actor_log.ActorLogs | None = None,
     ) -> None:
         """``dev_root``: where a GPU worker's device nodes are (each actor gets all GPUs);
         ``cgroup_root``: where the sandboxes' cgroups are read; ``max_actors``: the UIDs
         hosted at once (``--max-actors``); ``image_layers_dir``: where the cached image
         layers a bundle's ``rootfs-overlay.json`` names must lie (``--image-layers-dir``);
         ``runtime``: the agent's sandbox runtime, through which :meth:`shutdown` signals app
-        containers (None: it signals none)."""
+        containers (None: it signals none); ``actor_logs``: the app containers' output
+        forwarding, told here which sandbox is which actor's (its identity labels)."""
         self._service = service
         self._agent = service.agent
         self._runsc = RunscBinary(runsc)
@@ -247,6 +250,8 @@ class WorkerService:
         """Work a caller may leave, kept referenced until it ends (:meth:`_not_cancelled`)."""
         self._in_flight: dict[int, str] = {}
         """Lifecycle calls being answered (a token each), for :meth:`shutdown` to wait on."""
+        if actor_logs is not None:
+            actor_logs.identify = self._identity_of
         self.draining = False
         """Set on SIGTERM: lifecycle calls are answered UNAVAILABLE from then on."""
 
@@ -554,6 +559,13 @@ class WorkerService:
             functools.partial(worker_requests.read_workload, bundle_dir, names),
             name="substrate-gpu read bundles",
         )
+
+    def _identity_of(self, actor_id: str) -> dict[str, str] | None:
+        """The request identity of activation ``actor_id``; None for another actor."""
+        view = self._agent.actor(actor_id)
+        if view is None or not self._uid_of(view):
+            return None
+        return dict(view.identity)
 
     @staticmethod
     def _uid_of(view: actors.ActorView) -> str:

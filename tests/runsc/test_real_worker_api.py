@@ -260,6 +260,44 @@ def test_a_durable_dir_volume_through_data_and_full_snapshots(
     assert "run_requested" in types and "restore_requested" not in types  # DATA: a cold boot
 
 
+def test_each_app_containers_output_is_json_lines_on_the_agents_stdout(
+    real_runsc: Path, root: Path, tmp_path: Path
+) -> None:
+    """In gVisor too, an app container's stdout and stderr reach the agent's stdout as JSON
+    records labelled with the actor's identity and the container (upstream's log pipe)."""
+    flags = [f"--runsc-flag={f}" for f in runsc_.GLOBAL_FLAGS]
+    stdout = tmp_path / "agent.stdout"
+    process = AgentProcess.on_socket(
+        tmp_path,
+        "--runsc",
+        str(real_runsc),
+        *flags,
+        "--worker-socket",
+        str(tmp_path / "worker.sock"),
+        stdout_file=stdout,
+    )
+    try:
+        worker = connect(tmp_path / "worker.sock")
+        uid = f"logs-{uuid.uuid4().hex[:8]}"
+        args = ["sh", "-c", "echo hello from gvisor; echo oops >&2; sleep 100000"]
+        actor = Actor(tmp_path / "logs", runsc=str(real_runsc), uid=uid, app_args=args).prepare()
+        assert status_of(worker.RunWorkload, actor.run()) == (OK, "")
+        deadline = time.monotonic() + 20
+        wanted = {"hello from gvisor", "oops"}
+        while True:
+            records = [json.loads(line) for line in stdout.read_text().splitlines() if line]
+            seen = {r.get("message") for r in records if r["labels"].get("ate.actor.uid") == uid}
+            if wanted <= seen:
+                break
+            assert time.monotonic() < deadline, records
+            time.sleep(0.1)
+        [record] = [r for r in records if r.get("message") == "hello from gvisor"]
+        assert record["labels"]["ate.actor.container.name"] == "app"
+        assert status_of(worker.TerminateWorkload, actor.terminate()) == (OK, "")
+    finally:
+        assert process.terminate() == 0, process.stderr()[-3000:]
+
+
 def test_the_size_is_applied_to_the_sandboxs_cgroup(
     worker, real_runsc: Path, root: Path, tmp_path: Path
 ) -> None:
