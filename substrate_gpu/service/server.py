@@ -791,6 +791,7 @@ async def _serve(
                 image_layers_dir=config.image_layers_dir,
                 runtime=running.runtime,
                 actor_logs=_actor_logs(running.runtime),
+                sandbox_network=config.sandbox_network,
             )
             await doors.enter_async_context(
                 worker_api.serving(worker, config.worker_socket, _claim_socket_path)

@@ -199,13 +199,22 @@ def build_injector(config: AgentConfig, metrics: AgentMetrics | None = None) -> 
     )
 
 
+def network_flags(sandbox_network: str | None) -> tuple[str, ...]:
+    """The runsc global flag ``--sandbox-network`` stands for (docs/worker-api.md)."""
+    if sandbox_network == "pod":
+        return ("--network=host",)
+    if sandbox_network == "none":
+        return ("--network=none",)
+    return ()
+
+
 def build_collaborators(config: AgentConfig, metrics: AgentMetrics | None = None) -> Collaborators:
     """The production runsc driver, fd probe and GPU injector for ``config``."""
     runtime = driver.RunscDriver(
         driver.RunscConfig(
             root=config.runsc_root,
             runsc=config.runsc,
-            global_flags=config.runsc_flags,
+            global_flags=config.runsc_flags + network_flags(config.sandbox_network),
             # The worker API runs sandboxes as upstream's worker does (docs/worker-api.md),
             # each app container's output forwarded as JSON lines on stdout (stderr when
             # stdout carries the stdin door's answers).

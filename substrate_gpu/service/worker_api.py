@@ -227,6 +227,7 @@ class WorkerService:
         image_layers_dir: Path = overlay.DEFAULT_LAYERS_DIR,
         runtime: runsc_api.SandboxRuntime | None = None,
         actor_logs: actor_log.ActorLogs | None = None,
+        sandbox_network: str | None = None,
     ) -> None:
         """``dev_root``: where a GPU worker's device nodes are (each actor gets all GPUs);
         ``cgroup_root``: where the sandboxes' cgroups are read; ``max_actors``: the UIDs
@@ -234,7 +235,10 @@ class WorkerService:
         layers a bundle's ``rootfs-overlay.json`` names must lie (``--image-layers-dir``);
         ``runtime``: the agent's sandbox runtime, through which :meth:`shutdown` signals app
         containers (None: it signals none); ``actor_logs``: the app containers' output
-        forwarding, told here which sandbox is which actor's (its identity labels)."""
+        forwarding, told here which sandbox is which actor's (its identity labels);
+        ``sandbox_network``: ``pod`` when sandboxes run on the worker pod's network
+        namespace (``--sandbox-network``: the bundles lose theirs)."""
+        self._pod_network = sandbox_network == "pod"
         self._service = service
         self._agent = service.agent
         self._runsc = RunscBinary(runsc)
@@ -628,6 +632,13 @@ class WorkerService:
             ),
             name="substrate-gpu size bundle",
         )
+        if self._pod_network:
+            await _blocking.run_abandonable(
+                functools.partial(
+                    worker_requests.join_pod_network, workload.bundle_dir, workload.containers
+                ),
+                name="substrate-gpu pod network",
+            )
         return actor_id
 
     async def _compose(self, workload: worker_requests.Workload) -> None:

@@ -15,6 +15,7 @@ import json
 import shutil
 import tarfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -293,6 +294,51 @@ def test_each_app_containers_output_is_json_lines_on_the_agents_stdout(
             time.sleep(0.1)
         [record] = [r for r in records if r.get("message") == "hello from gvisor"]
         assert record["labels"]["ate.actor.container.name"] == "app"
+        assert status_of(worker.TerminateWorkload, actor.terminate()) == (OK, "")
+    finally:
+        assert process.terminate() == 0, process.stderr()[-3000:]
+
+
+def test_a_pod_network_sandbox_serves_on_the_worker_pods_namespace(
+    real_runsc: Path, root: Path, tmp_path: Path
+) -> None:
+    """``--sandbox-network pod``: the sandbox is on the agent's network namespace (runsc
+    ``--network=host``, no network namespace in the bundles), so an app's HTTP server in
+    gVisor answers the agent's own 127.0.0.1; the bundles' network namespace is gone."""
+    flags = [f"--runsc-flag={f}" for f in runsc_.GLOBAL_FLAGS if not f.startswith("--network")]
+    process = AgentProcess.on_socket(
+        tmp_path,
+        "--runsc",
+        str(real_runsc),
+        *flags,
+        "--sandbox-network",
+        "pod",
+        "--worker-socket",
+        str(tmp_path / "worker.sock"),
+    )
+    port = 18000 + uuid.uuid4().int % 2000
+    try:
+        worker = connect(tmp_path / "worker.sock")
+        args = ["busybox", "httpd", "-f", "-p", f"127.0.0.1:{port}", "-h", "/bin"]
+        actor = Actor(
+            tmp_path / "net",
+            runsc=str(real_runsc),
+            uid=f"net-{uuid.uuid4().hex[:8]}",
+            app_args=args,
+        ).prepare()
+        assert status_of(worker.RunWorkload, actor.run()) == (OK, "")
+        for name in ("_pause", "app"):
+            config = json.loads((actor.bundles / name / "config.json").read_text())
+            assert "network" not in {n["type"] for n in config["linux"]["namespaces"]}
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/busybox", timeout=2) as r:
+                    assert r.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the app never answered on 127.0.0.1"
+                time.sleep(0.1)
         assert status_of(worker.TerminateWorkload, actor.terminate()) == (OK, "")
     finally:
         assert process.terminate() == 0, process.stderr()[-3000:]
