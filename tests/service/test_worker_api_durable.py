@@ -64,8 +64,7 @@ def worker(agent, tmp_path):
 
 @pytest.fixture
 def actor(tmp_path, standin):
-    # A UID of its own: the sandbox's cgroup is named after it, and runc's freezer (the
-    # stand-in's pause) freezes whatever shares that cgroup.
+    # A UID of its own: the sandbox's cgroup is named after it (several runs share a node).
     actor = DurableActor(
         tmp_path / "actor",
         uid=f"durable-{uuid.uuid4().hex[:12]}",
