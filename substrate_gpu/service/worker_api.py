@@ -63,6 +63,7 @@ from substrate_gpu.service import (
     durable_dirs,
     protocol,
     reflection,
+    wakeup,
     worker_requests,
 )
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
@@ -94,6 +95,8 @@ REFUSALS: Final = frozenset(
         "gpus_unavailable",
     }
 )
+#: Where a probe reaches a sandbox on the worker pod's network (``--sandbox-network pod``).
+POD_ADDRESS: Final = "127.0.0.1"
 #: How long Terminate waits for an effect another door started to finish before deleting.
 SETTLE_TIMEOUT: Final = 600.0
 #: The calls that change an actor (the ones shutdown waits for and draining refuses).
@@ -265,10 +268,12 @@ class WorkerService:
         """Register a new activation of the sandbox and run it; OK once it is running."""
         uid = self._begin(request)
         durable = self._durable_mounts(request.spec)
+        probes = self._probes(request.spec)
         workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
         async with self._locks.held(uid):
             actor_id = await self._activate(uid, request, workload, durable)
             await self._reach(actor_id, events.RunRequested(actor_id=actor_id), "running", "run")
+            await self._woken(actor_id, probes)
         return pb.RunWorkloadResponse()
 
     async def RestoreWorkload(
@@ -280,6 +285,7 @@ class WorkerService:
         uid = self._begin(request)
         scope = self._scope(request.scope)
         durable = self._durable_mounts(request.spec)
+        probes = self._probes(request.spec)
         workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
         image = worker_requests.check_dir(request.actor_dirs.restore_dir, "actor_dirs.restore_dir")
         if scope == pb.SNAPSHOT_SCOPE_FULL and not (image / "checkpoint.img").is_file():
@@ -296,6 +302,7 @@ class WorkerService:
                 # or not preserve_restore_dir is set (tests/runsc/test_real_worker_api.py).
                 boot = events.RestoreRequested(actor_id=actor_id, image_path=str(image))
             await self._reach(actor_id, boot, "running", "restore")
+            await self._woken(actor_id, probes)
         return pb.RestoreWorkloadResponse()
 
     async def CheckpointWorkload(
@@ -463,6 +470,40 @@ class WorkerService:
                 "SNAPSHOT_SCOPE_DATA"
             )
         return scope
+
+    @staticmethod
+    def _probes(spec: pb.WorkloadSpec) -> tuple[wakeup.Probe, ...]:
+        """The spec's wakeup probes, checked (INVALID_ARGUMENT naming a malformed one)."""
+        try:
+            return wakeup.check(spec.containers)
+        except wakeup.ProbeError as e:
+            raise worker_requests.BadRequest(str(e)) from e
+
+    async def _woken(self, actor_id: str, probes: tuple[wakeup.Probe, ...]) -> None:
+        """Once running: every probed container answered 200 (upstream's ``WaitAll``), on
+        the worker pod's address; else the activation is deleted and the call fails. Without
+        a sandbox network there is no address to probe: not awaited (logged)."""
+        if not probes:
+            return
+        if not self._pod_network:
+            log.warning(
+                "wakeup probes not awaited: sandboxes have no network here "
+                "(start the agent with --sandbox-network pod)",
+                actor=actor_id,
+                containers=[p.container for p in probes],
+            )
+            return
+        try:
+            await wakeup.wait_all(probes, POD_ADDRESS)
+        except wakeup.ProbeError as e:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._delete(actor_id)
+                except CallError as cleanup:
+                    log.warning("cleanup after a failed probe failed", error=str(cleanup))
+            raise CallError(
+                grpc.StatusCode.INTERNAL, f"while waiting for container wakeup probe: {e}"
+            ) from e
 
     @staticmethod
     def _durable_mounts(spec: pb.WorkloadSpec) -> tuple[durable_dirs.DurableMount, ...]:

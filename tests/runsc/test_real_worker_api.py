@@ -304,7 +304,7 @@ def test_a_pod_network_sandbox_serves_on_the_worker_pods_namespace(
 ) -> None:
     """``--sandbox-network pod``: the sandbox is on the agent's network namespace (runsc
     ``--network=host``, no network namespace in the bundles), so an app's HTTP server in
-    gVisor answers the agent's own 127.0.0.1; the bundles' network namespace is gone."""
+    gVisor answers the agent's own 127.0.0.1, and Run waits for its wakeup probe there."""
     flags = [f"--runsc-flag={f}" for f in runsc_.GLOBAL_FLAGS if not f.startswith("--network")]
     process = AgentProcess.on_socket(
         tmp_path,
@@ -326,20 +326,29 @@ def test_a_pod_network_sandbox_serves_on_the_worker_pods_namespace(
             uid=f"net-{uuid.uuid4().hex[:8]}",
             app_args=args,
         ).prepare()
-        assert status_of(worker.RunWorkload, actor.run()) == (OK, "")
+        # The wakeup probe: Run answers once the server answers 200 (upstream's WaitAll).
+        probe = pb.WakeupProbe(
+            http_get=pb.HTTPGetAction(path="/busybox", port=port), timeout_seconds=20
+        )
+        spec = pb.WorkloadSpec(containers=[pb.Container(name="app", wakeup_probe=probe)])
+        assert status_of(worker.RunWorkload, actor.run(spec=spec)) == (OK, "")
         for name in ("_pause", "app"):
             config = json.loads((actor.bundles / name / "config.json").read_text())
             assert "network" not in {n["type"] for n in config["linux"]["namespaces"]}
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/busybox", timeout=2) as r:
-                    assert r.status == 200
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "the app never answered on 127.0.0.1"
-                time.sleep(0.1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/busybox", timeout=2) as answer:
+            assert answer.status == 200  # at once: the probe already saw it
         assert status_of(worker.TerminateWorkload, actor.terminate()) == (OK, "")
+
+        # A probe nobody answers: the call fails after its timeout and leaves nothing.
+        silent = pb.WakeupProbe(
+            http_get=pb.HTTPGetAction(path="/", port=port + 1), timeout_seconds=1
+        )
+        spec = pb.WorkloadSpec(containers=[pb.Container(name="app", wakeup_probe=silent)])
+        actor.prepare()
+        code, message = status_of(worker.RunWorkload, actor.run(spec=spec))
+        assert code == grpc.StatusCode.INTERNAL
+        assert "wakeup probe for 'app'" in message and "never returned 200 within 1s" in message
+        assert worker.GetActiveWorkloadStats(pb.GetActiveWorkloadStatsRequest()).samples == []
     finally:
         assert process.terminate() == 0, process.stderr()[-3000:]
 
