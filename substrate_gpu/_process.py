@@ -38,7 +38,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 import anyio
 
@@ -46,6 +46,18 @@ from substrate_gpu import exceptions
 
 #: Output kept from a command in error messages, so a chatty tool cannot flood the logs.
 MAX_OUTPUT_IN_ERROR = 4000
+
+
+class CommandOutput(Protocol):
+    """Where a command's stdout and stderr go instead of a file of ours (``run_command``)."""
+
+    def fileno(self) -> int:
+        """The descriptor the command writes to."""
+        ...
+
+    def drain(self) -> bytes:
+        """What the command wrote, once it has ended."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -107,6 +119,7 @@ async def run_command(
     check: bool = True,
     umask: int = -1,
     die_with_parent: bool = False,
+    output: CommandOutput | None = None,
 ) -> CommandResult:
     """Run ``argv`` to completion within ``timeout`` seconds.
 
@@ -117,6 +130,10 @@ async def run_command(
     ``umask`` (when not negative) is the command's own, set in the child before it runs:
     this process's umask is untouched. ``die_with_parent``: the command is sent SIGKILL when
     this process dies (module doc); ``CommandResult.argv`` is still ``argv``.
+    ``output``: the command's stdout and stderr go to
+    its file descriptor instead (a pipe that outlives the command: a container's stdio), and
+    what it wrote there is the result's ``stderr`` (``output.drain()``, called however the
+    command ends).
     """
     args = tuple(str(a) for a in argv)
     spawned: tuple[str, ...] = args
@@ -149,8 +166,8 @@ async def run_command(
             process = await anyio.open_process(
                 list(spawned),
                 stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
+                stdout=out if output is None else output.fileno(),
+                stderr=err if output is None else output.fileno(),
                 env=dict(env) if env is not None else None,
                 cwd=cwd,
                 start_new_session=True,
@@ -178,8 +195,11 @@ async def run_command(
                 with anyio.CancelScope(shield=True):
                     await process.wait()
             await process.aclose()
+            captured = output.drain() if output is not None else None
 
         stdout, stderr = _read_all(out), _read_all(err)
+        if captured is not None:
+            stderr = captured.decode("utf-8", errors="replace")
 
     if timed_out:
         raise exceptions.ExternalCommandError(

@@ -17,6 +17,9 @@ from substrate_gpu.cli import _deferred, _types
 if TYPE_CHECKING:
     from substrate_gpu.service import config as config_
 
+#: ``--sandbox-network``'s choices (docs/worker-api.md, "The actor's network").
+SANDBOX_NETWORKS = ("pod", "none")
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``agent`` (its arguments when it is typed: their defaults load the agent stack)."""
@@ -209,6 +212,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "(repeatable; see docs/runsc.md)",
     )
     runtime.add_argument(
+        "--sandbox-network",
+        choices=SANDBOX_NETWORKS,
+        default=None,
+        help="pod: sandboxes on the worker pod's network namespace (runsc --network=host); "
+        "none: no network (runsc --network=none); default: as --runsc-flag and the bundles say",
+    )
+    runtime.add_argument(
         "--driver-root",
         type=Path,
         default=Path(os.environ.get(toolkit.ENV_DRIVER_ROOT) or toolkit.DEFAULT_DRIVER_ROOT),
@@ -303,6 +313,11 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
                 f"while reading --runsc-flag: {flag!r} is not a flag "
                 "(write --runsc-flag=--name=value)"
             )
+        if args.sandbox_network is not None and flag.lstrip("-").startswith("network"):
+            raise exceptions.ConfigError(
+                f"while reading --runsc-flag: {flag!r} contradicts --sandbox-network "
+                f"{args.sandbox_network}; give one of them"
+            )
     return config_.AgentConfig(
         event_log=args.event_log,
         socket=args.socket,
@@ -313,6 +328,7 @@ def config_from(args: argparse.Namespace) -> config_.AgentConfig:
         runsc=args.runsc,
         runsc_root=args.runsc_root,
         runsc_flags=tuple(args.runsc_flags),
+        sandbox_network=args.sandbox_network,
         driver_root=args.driver_root,
         toolkit_dir=args.toolkit_dir,
         cdi_output_dir=args.cdi_output_dir,

@@ -201,6 +201,42 @@ class PerActorRoot(Protocol):
         ...
 
 
+class ContainerOutputs(Protocol):
+    """Where an app container's stdio goes (``RunscConfig.container_output``): a pipe per
+    ``create``/``restore`` of a container of a multi-container sandbox, which the sandbox
+    keeps as the container's stdout and stderr (the worker API's JSON log lines)."""
+
+    def open(
+        self, sandbox: str, container_id: str, *, fresh: bool
+    ) -> _process.CommandOutput | None:
+        """The output of ``container_id`` of ``sandbox`` (an actor id): a new one for
+        ``create`` and ``restore`` (``fresh``), ``create``'s for ``start`` (gVisor takes a
+        subcontainer's stdio from ``runsc start``); None: as before."""
+        ...
+
+    def release(self, sandbox: str, container_id: str) -> None:
+        """The container's last command ran: close our end of its output."""
+        ...
+
+
+@runtime_checkable
+class SandboxPause(Protocol):
+    """Freezing a sandbox and thawing it (``runsc pause`` / ``runsc resume``).
+
+    Kept apart from :class:`SandboxRuntime`, as :class:`SandboxExec` is: the worker API
+    pauses a sandbox around the archive of its durable-dir volumes (upstream's
+    ``SNAPSHOT_SCOPE_DATA``), which is no lifecycle transition.
+    """
+
+    async def pause(self, container_id: str) -> None:
+        """``runsc --root R pause ID``."""
+        ...
+
+    async def resume(self, container_id: str) -> None:
+        """``runsc --root R resume ID``."""
+        ...
+
+
 @runtime_checkable
 class RemovableRoot(Protocol):
     """A per-actor runtime (:meth:`PerActorRoot.for_actor`) whose root can be removed.

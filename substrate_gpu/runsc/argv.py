@@ -171,6 +171,16 @@ def kill(inv: Invocation, container_id: str, signal: str) -> tuple[str, ...]:
     return (*_prefix(inv), "kill", container_id, signal)
 
 
+def pause(inv: Invocation, container_id: str) -> tuple[str, ...]:
+    """``runsc --root R pause ID``: of the root container, the whole sandbox is frozen."""
+    return (*_prefix(inv), "pause", container_id)
+
+
+def resume(inv: Invocation, container_id: str) -> tuple[str, ...]:
+    """``runsc --root R resume ID``: undoes :func:`pause`."""
+    return (*_prefix(inv), "resume", container_id)
+
+
 def delete(inv: Invocation, container_id: str, *, force: bool) -> tuple[str, ...]:
     """``runsc --root R delete [--force] ID``."""
     return (*_prefix(inv), "delete", *(("--force",) if force else ()), container_id)

@@ -71,6 +71,8 @@ class Timeouts:
     """``kill``: signals the container."""
     delete: float = 60.0
     """``delete``: tears the sandbox down."""
+    pause: float = 30.0
+    """``pause`` and ``resume``: freeze and thaw the sandbox (upstream's resume ceiling)."""
     exec: float = 60.0
     """``exec``: a command run inside the sandbox (``cuda-checkpoint``), unless the caller
     gives its own timeout."""
@@ -95,6 +97,11 @@ class RunscConfig:
     """Per-operation timeouts."""
     pid_dir: Path | None = None
     """Where ``create`` writes ``<id>.pid``; ``None``: ``<bundle>/runsc.pid``."""
+    container_output: api.ContainerOutputs | None = None
+    """Where app containers' stdio goes, for a multi-container sandbox (:meth:`RunscDriver.
+    for_actor`): ``create`` and ``restore`` of each container but ``_pause`` get its pipe as
+    their stdout and stderr (runsc's own messages come back from it). None: a file of the
+    command, as for every other command."""
     upstream_worker_flags: bool = False
     """Pass what upstream's gVisor worker passes where this runsc has it:
     ``--cpu-num-from-quota`` on ``create`` and ``restore`` (the sentry's vCPUs from the
@@ -110,6 +117,9 @@ class RunscConfig:
             nvproxy_flags=self.nvproxy_flags,
         )
 
+
+_PAUSE = "_pause"
+"""The sandbox's root container: its output is never piped (upstream gives it the worker's)."""
 
 _STATUSES: frozenset[str] = frozenset(get_args(api.ContainerStatus))
 
@@ -249,6 +259,8 @@ class RunscDriver:
         self._parent = parent
         """The driver this one was made from (:meth:`for_actor`, :meth:`for_binary`): it
         holds the caches, so features are detected once for all actors of a binary."""
+        self._sandbox: str | None = None
+        """The actor this driver's root is (:meth:`for_actor`); None: the agent's root."""
         self._digests: dict[tuple[str, int, int, int, int], str] = {}
         """Path and its stat -> SHA-256 (the top driver's)."""
         self._by_digest: dict[str, api.RunscFeatures] = {}
@@ -269,7 +281,9 @@ class RunscDriver:
             root=self.config.root / actor_id,
             pid_dir=None if self.config.pid_dir is None else self.config.pid_dir / actor_id,
         )
-        return RunscDriver(config, parent=self._top)
+        child = RunscDriver(config, parent=self._top)
+        child._sandbox = actor_id
+        return child
 
     def for_binary(self, runsc: str) -> RunscDriver:
         """This driver running ``runsc`` (root, flags and timeouts kept): a staged binary,
@@ -329,11 +343,22 @@ class RunscDriver:
         await _blocking.run_abandonable(remove_all, name="substrate-gpu runsc root")
 
     async def _run(
-        self, args: tuple[str, ...], *, timeout: float, doing: str, umask: int = -1
+        self,
+        args: tuple[str, ...],
+        *,
+        timeout: float,
+        doing: str,
+        umask: int = -1,
+        output: _process.CommandOutput | None = None,
     ) -> _process.CommandResult:
         try:
             return await _process.run_command(
-                args, timeout=timeout, what=doing, umask=umask, die_with_parent=True
+                args,
+                timeout=timeout,
+                what=doing,
+                umask=umask,
+                die_with_parent=True,
+                output=output,
             )
         except exceptions.ExternalCommandError as e:
             raise errors.from_command_error(e) from e
@@ -503,17 +528,39 @@ class RunscDriver:
             nvproxy=nvproxy,
             extra=await self._upstream_flags("create"),
         )
-        await self._run(
-            args, timeout=self.config.timeouts.create, doing=f"creating container {container_id}"
-        )
+        try:
+            await self._run(
+                args,
+                timeout=self.config.timeouts.create,
+                doing=f"creating container {container_id}",
+                output=self._output_of(container_id, fresh=True),
+            )
+        except BaseException:
+            self._release_output(container_id)  # no start follows
+            raise
+
+    def _output_of(self, container_id: str, *, fresh: bool) -> _process.CommandOutput | None:
+        """The app container's stdio pipe (``RunscConfig.container_output``), if any."""
+        outputs = self.config.container_output
+        if outputs is None or self._sandbox is None or container_id == _PAUSE:
+            return None
+        return outputs.open(self._sandbox, container_id, fresh=fresh)
+
+    def _release_output(self, container_id: str) -> None:
+        if self.config.container_output is not None and self._sandbox is not None:
+            self.config.container_output.release(self._sandbox, container_id)
 
     async def start(self, container_id: str) -> None:
         """``runsc --root R start ID``."""
-        await self._run(
-            argv.start(self._inv, container_id, extra=await self._upstream_flags("start")),
-            timeout=self.config.timeouts.start,
-            doing=f"starting container {container_id}",
-        )
+        try:
+            await self._run(
+                argv.start(self._inv, container_id, extra=await self._upstream_flags("start")),
+                timeout=self.config.timeouts.start,
+                doing=f"starting container {container_id}",
+                output=self._output_of(container_id, fresh=False),
+            )
+        finally:
+            self._release_output(container_id)
 
     async def checkpoint(
         self,
@@ -556,18 +603,23 @@ class RunscDriver:
 
         Pass ``nvproxy=True`` for every container of a GPU sandbox, the pause container too.
         """
-        await self._run(
-            argv.restore(
-                self._inv,
-                container_id,
-                bundle=bundle,
-                image_path=image_path,
-                nvproxy=nvproxy,
-                extra=await self._upstream_flags("restore"),
-            ),
-            timeout=self.config.timeouts.restore,
-            doing=f"restoring container {container_id}",
+        args = argv.restore(
+            self._inv,
+            container_id,
+            bundle=bundle,
+            image_path=image_path,
+            nvproxy=nvproxy,
+            extra=await self._upstream_flags("restore"),
         )
+        try:
+            await self._run(
+                args,
+                timeout=self.config.timeouts.restore,
+                doing=f"restoring container {container_id}",
+                output=self._output_of(container_id, fresh=True),
+            )
+        finally:
+            self._release_output(container_id)
 
     async def state(self, container_id: str) -> api.ContainerState:
         """``runsc --root R state ID``, parsed."""
@@ -627,6 +679,22 @@ class RunscDriver:
             argv.kill(self._inv, container_id, signal),
             timeout=self.config.timeouts.kill,
             doing=f"sending {signal} to container {container_id}",
+        )
+
+    async def pause(self, container_id: str) -> None:
+        """``runsc --root R pause ID`` (of ``_pause``: every process of the sandbox)."""
+        await self._run(
+            argv.pause(self._inv, container_id),
+            timeout=self.config.timeouts.pause,
+            doing=f"pausing container {container_id}",
+        )
+
+    async def resume(self, container_id: str) -> None:
+        """``runsc --root R resume ID``."""
+        await self._run(
+            argv.resume(self._inv, container_id),
+            timeout=self.config.timeouts.pause,
+            doing=f"resuming container {container_id}",
         )
 
     async def delete(self, container_id: str, *, force: bool = False) -> None:

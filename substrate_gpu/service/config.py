@@ -54,6 +54,10 @@ class AgentConfig:
     """runsc's ``--root`` state directory."""
     runsc_flags: tuple[str, ...] = ()
     """Extra global runsc flags on every command (``--platform=systrap``, ``--network=none``)."""
+    sandbox_network: str | None = None
+    """``pod``: every sandbox on the agent's (the worker pod's) network namespace (runsc
+    ``--network=host``, no network namespace in the bundles); ``none``: no network (runsc
+    ``--network=none``); None: as ``runsc_flags`` and the bundles say."""
     driver_root: Path = toolkit.DEFAULT_DRIVER_ROOT
     """The NVIDIA driver root (``ATE_NVIDIA_DRIVER_ROOT``)."""
     toolkit_dir: Path = toolkit.DEFAULT_TOOLKIT_DIR

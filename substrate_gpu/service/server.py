@@ -74,8 +74,9 @@ from substrate_gpu.observability.http import MetricsServer
 from substrate_gpu.observability.metrics import AgentMetrics
 from substrate_gpu.observability.registry import AgentRegistry
 from substrate_gpu.probes.api import CudaContextProbe
+from substrate_gpu.runsc import driver
 from substrate_gpu.runsc.api import SandboxRuntime
-from substrate_gpu.service import _socketfile, protocol, query, recovery, wiring
+from substrate_gpu.service import _socketfile, actor_log, protocol, query, recovery, wiring
 from substrate_gpu.service import config as config_
 from substrate_gpu.service import health as health_
 from substrate_gpu.service.config import AgentConfig
@@ -760,6 +761,15 @@ async def run(
         raise first from group
 
 
+def _actor_logs(runtime: object) -> actor_log.ActorLogs | None:
+    """The app containers' output forwarding the runsc driver was built with, if any."""
+    if isinstance(runtime, driver.RunscDriver):
+        outputs = runtime.config.container_output
+        if isinstance(outputs, actor_log.ActorLogs):
+            return outputs
+    return None
+
+
 async def _serve(
     config: AgentConfig,
     components: Components | None,
@@ -786,6 +796,8 @@ async def _serve(
                 image_layers_dir=config.image_layers_dir,
                 runtime=running.runtime,
                 runsc_static_dir=config.runsc_static_dir,
+                actor_logs=_actor_logs(running.runtime),
+                sandbox_network=config.sandbox_network,
             )
             await doors.enter_async_context(
                 worker_api.serving(

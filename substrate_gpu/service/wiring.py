@@ -44,6 +44,7 @@ from substrate_gpu.lifecycle import (
 from substrate_gpu.observability.metrics import AgentMetrics
 from substrate_gpu.probes.fd_scan import FdScanProbe
 from substrate_gpu.runsc import driver
+from substrate_gpu.service import actor_log
 from substrate_gpu.service.config import AgentConfig
 
 #: Lifecycle effect name -> AgentMetrics effect label (the effect registry's).
@@ -201,15 +202,29 @@ def build_injector(config: AgentConfig, metrics: AgentMetrics | None = None) -> 
     )
 
 
+def network_flags(sandbox_network: str | None) -> tuple[str, ...]:
+    """The runsc global flag ``--sandbox-network`` stands for (docs/worker-api.md)."""
+    if sandbox_network == "pod":
+        return ("--network=host",)
+    if sandbox_network == "none":
+        return ("--network=none",)
+    return ()
+
+
 def build_collaborators(config: AgentConfig, metrics: AgentMetrics | None = None) -> Collaborators:
     """The production runsc driver, fd probe and GPU injector for ``config``."""
     runtime = driver.RunscDriver(
         driver.RunscConfig(
             root=config.runsc_root,
             runsc=config.runsc,
-            global_flags=config.runsc_flags,
-            # The worker API runs sandboxes as upstream's worker does (docs/worker-api.md).
+            global_flags=config.runsc_flags + network_flags(config.sandbox_network),
+            # The worker API runs sandboxes as upstream's worker does (docs/worker-api.md),
+            # each app container's output forwarded as JSON lines on stdout (stderr when
+            # stdout carries the stdin door's answers).
             upstream_worker_flags=config.worker_socket is not None,
+            container_output=actor_log.ActorLogs(fd=2 if config.stdin else 1)
+            if config.worker_socket is not None
+            else None,
         )
     )
     return Collaborators(

@@ -39,6 +39,7 @@ agent's own event loop. Each call becomes events submitted through the same
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -46,10 +47,10 @@ import hashlib
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Final, Protocol
+from typing import Any, BinaryIO, Final, Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -66,15 +67,19 @@ from substrate_gpu.rootfs import overlay
 from substrate_gpu.runsc import api as runsc_api
 from substrate_gpu.service import (
     _socketfile,
+    actor_log,
     cgroup_stats,
+    durable_dirs,
     protocol,
     reflection,
+    wakeup,
     worker_requests,
 )
 from substrate_gpu.service import config as config_
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
 
 log = get_logger(__name__)
+_T = TypeVar("_T")
 
 SERVICE: Final = pb.DESCRIPTOR.services_by_name["Worker"]
 """``ateworker.Worker`` as our .proto describes it: the methods served."""
@@ -94,6 +99,8 @@ REFUSALS: Final = frozenset(
         "gpus_unavailable",
     }
 )
+#: Where a probe reaches a sandbox on the worker pod's network (``--sandbox-network pod``).
+POD_ADDRESS: Final = "127.0.0.1"
 #: How long Terminate waits for an effect another door started to finish before deleting.
 SETTLE_TIMEOUT: Final = 600.0
 #: The calls that change an actor (the ones shutdown waits for and draining refuses).
@@ -272,6 +279,8 @@ class WorkerService:
         image_layers_dir: Path = overlay.DEFAULT_LAYERS_DIR,
         runtime: runsc_api.SandboxRuntime | None = None,
         runsc_static_dir: Path = _defaults.RUNSC_STATIC_DIR,
+        actor_logs: actor_log.ActorLogs | None = None,
+        sandbox_network: str | None = None,
     ) -> None:
         """``dev_root``: where a GPU worker's device nodes are (each actor gets all GPUs);
         ``cgroup_root``: where the sandboxes' cgroups are read; ``max_actors``: the UIDs
@@ -279,7 +288,11 @@ class WorkerService:
         layers a bundle's ``rootfs-overlay.json`` names must lie (``--image-layers-dir``);
         ``runtime``: the agent's sandbox runtime, through which :meth:`shutdown` signals app
         containers (None: it signals none); ``runsc_static_dir``: where atelet stages the
-        runsc a request's ``runsc_path`` names (``--runsc-static-dir``)."""
+        runsc a request's ``runsc_path`` names (``--runsc-static-dir``); ``actor_logs``: the
+        app containers' output forwarding, told here which sandbox is which actor's (its
+        identity labels); ``sandbox_network``: ``pod`` when sandboxes run on the worker pod's
+        network namespace (``--sandbox-network``: the bundles lose theirs)."""
+        self._pod_network = sandbox_network == "pod"
         self._service = service
         self._agent = service.agent
         self._runsc = RunscBinary(runsc)
@@ -292,11 +305,15 @@ class WorkerService:
         self._admitting: set[str] = set()
         self._layers_dir = image_layers_dir
         self._runtime = runtime
+        self._detached: set[asyncio.Future[Any]] = set()
+        """Work a caller may leave, kept referenced until it ends (:meth:`_not_cancelled`)."""
         self._in_flight: dict[int, str] = {}
         """Lifecycle calls being answered (a token each), for :meth:`shutdown` to wait on."""
         self._calls: dict[str, _Call] = {}
         """The Run or Restore in flight per UID (at most one: the UID's lock)."""
         self._tasks: anyio.abc.TaskGroup | None = None
+        if actor_logs is not None:
+            actor_logs.identify = self._identity_of
         self.draining = False
         """Set on SIGTERM: lifecycle calls are answered UNAVAILABLE from then on."""
 
@@ -327,12 +344,15 @@ class WorkerService:
     async def RunWorkload(self, request: pb.RunWorkloadRequest) -> pb.RunWorkloadResponse:
         """Register a new activation of the sandbox and run it; OK once it is running."""
         uid = self._begin(request)
+        durable = self._durable_mounts(request.spec)
+        probes = self._probes(request.spec)
         workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
         workload = self._staged(workload, request.runsc_path)
 
         async def run(call: _Call) -> None:
-            actor_id = await self._activate(call, request, workload)
+            actor_id = await self._activate(call, request, workload, durable)
             await self._reach(actor_id, events.RunRequested(actor_id=actor_id), "running", "run")
+            await self._woken(actor_id, probes)
 
         await self._startup(uid, "RunWorkload", run)
         return pb.RunWorkloadResponse()
@@ -340,23 +360,32 @@ class WorkerService:
     async def RestoreWorkload(
         self, request: pb.RestoreWorkloadRequest
     ) -> pb.RestoreWorkloadResponse:
-        """Register a new activation and restore it from ``actor_dirs.restore_dir``."""
+        """Register a new activation from ``actor_dirs.restore_dir``: its durable-dir
+        volumes extracted first, then (FULL) restored from the image or (DATA) booted
+        afresh on them."""
         uid = self._begin(request)
-        self._full_scope(request.scope, "RestoreWorkload")
+        scope = self._scope(request.scope)
+        durable = self._durable_mounts(request.spec)
+        probes = self._probes(request.spec)
         workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
         image = worker_requests.check_dir(request.actor_dirs.restore_dir, "actor_dirs.restore_dir")
-        if not (image / "checkpoint.img").is_file():
+        if scope == pb.SNAPSHOT_SCOPE_FULL and not (image / "checkpoint.img").is_file():
             raise worker_requests.BadRequest(
                 f"actor_dirs.restore_dir {str(image)!r} holds no checkpoint.img"
             )
         workload = self._staged(workload, request.runsc_path)
 
         async def restore(call: _Call) -> None:
-            actor_id = await self._activate(call, request, workload)
-            # runsc restore only reads the image: restore_dir is left as it is whether or
-            # not preserve_restore_dir is set (tests/runsc/test_real_worker_api.py checks it).
-            requested = events.RestoreRequested(actor_id=actor_id, image_path=str(image))
-            await self._reach(actor_id, requested, "running", "restore")
+            actor_id = await self._activate(call, request, workload, durable, restore_from=image)
+            if scope == pb.SNAPSHOT_SCOPE_DATA:
+                # Upstream's DATA restore is a cold boot on the restored volumes.
+                boot: events.Event = events.RunRequested(actor_id=actor_id)
+            else:
+                # runsc restore only reads the image: restore_dir is left as it is whether
+                # or not preserve_restore_dir is set (tests/runsc/test_real_worker_api.py).
+                boot = events.RestoreRequested(actor_id=actor_id, image_path=str(image))
+            await self._reach(actor_id, boot, "running", "restore")
+            await self._woken(actor_id, probes)
 
         await self._startup(uid, "RestoreWorkload", restore)
         return pb.RestoreWorkloadResponse()
@@ -364,11 +393,33 @@ class WorkerService:
     async def CheckpointWorkload(
         self, request: pb.CheckpointWorkloadRequest
     ) -> pb.CheckpointWorkloadResponse:
-        """Checkpoint the running sandbox into ``actor_dirs.checkpoint_dir``, then tear it
-        down; the files written there."""
+        """Snapshot the running sandbox into ``actor_dirs.checkpoint_dir``, then tear it
+        down; the files written there. FULL: runsc's checkpoint, then a tar of each
+        durable-dir volume; DATA: the sandbox paused, the tars written, the sandbox resumed
+        (whatever the call's deadline), as upstream's worker does."""
         uid = self._begin(request)
-        self._full_scope(request.scope, "CheckpointWorkload")
+        scope = self._scope(request.scope)
+        durable = self._durable_mounts(request.spec)
+        volumes = durable_dirs.volume_names(durable)
+        if scope == pb.SNAPSHOT_SCOPE_DATA and not volumes:
+            raise worker_requests.BadRequest(
+                "scope SNAPSHOT_SCOPE_DATA: no container of spec mounts a durable-dir volume, "
+                "so there is no data to snapshot"
+            )
+        return await self._not_cancelled(
+            "CheckpointWorkload", self._checkpoint(uid, scope, volumes, request)
+        )
+
+    async def _checkpoint(
+        self,
+        uid: str,
+        scope: int,
+        volumes: tuple[str, ...],
+        request: pb.CheckpointWorkloadRequest,
+    ) -> pb.CheckpointWorkloadResponse:
+        """The checkpoint itself, under the UID's lock (see :meth:`CheckpointWorkload`)."""
         directory = request.actor_dirs.checkpoint_dir
+        volumes_dir = Path(request.actor_dirs.durable_dir_volume_mounts_dir)
         async with self._locks.held(uid):
             view = self._live(uid)
             if view is None:
@@ -390,15 +441,35 @@ class WorkerService:
                 raise worker_requests.BadRequest(
                     f"actor_dirs.checkpoint_dir {directory!r} cannot be made: {e.strerror or e}"
                 ) from e
-            suspend = events.SuspendRequested(actor_id=view.actor_id, image_path=directory)
-            await self._reach(view.actor_id, suspend, "suspended", "checkpoint", cleanup=False)
-            try:
-                # The workload is torn down after its checkpoint, as upstream's worker does.
-                await self._delete(view.actor_id)
-            except CallError as e:
-                log.warning("delete after checkpoint failed", actor=view.actor_id, error=str(e))
+            # Not cancellable, as upstream's: a caller that gives up leaves the snapshot
+            # and the teardown to finish (a DATA pause is always resumed).
+            with anyio.CancelScope(shield=True):
+                failure: CallError | None = None
+                data_files: list[str] = []
+                if scope == pb.SNAPSHOT_SCOPE_DATA:
+                    data_files = await self._snapshot_data(
+                        view.actor_id, volumes_dir, Path(directory), volumes
+                    )
+                else:
+                    suspend = events.SuspendRequested(actor_id=view.actor_id, image_path=directory)
+                    await self._reach(
+                        view.actor_id, suspend, "suspended", "checkpoint", cleanup=False
+                    )
+                    if volumes:
+                        # The sandbox is checkpointed (stopped): its volumes hold still.
+                        try:
+                            data_files = await self._archive(volumes_dir, Path(directory), volumes)
+                        except CallError as e:
+                            failure = e
+                try:
+                    # The workload is torn down after its snapshot, as upstream's worker does.
+                    await self._delete(view.actor_id)
+                except CallError as e:
+                    log.warning("delete after checkpoint failed", actor=view.actor_id, error=str(e))
+            if failure is not None:
+                raise failure
         files = sorted(entry.name for entry in os.scandir(directory) if entry.is_file())
-        return pb.CheckpointWorkloadResponse(snapshot_files=files)
+        return pb.CheckpointWorkloadResponse(snapshot_files=files, data_snapshot_files=data_files)
 
     async def TerminateWorkload(
         self, request: pb.TerminateWorkloadRequest
@@ -528,6 +599,25 @@ class WorkerService:
 
     # --- the machine ------------------------------------------------------------------------
 
+    async def _not_cancelled(self, call: str, work: Coroutine[Any, Any, _T]) -> _T:
+        """``work`` in an asyncio task of its own, awaited. grpc.aio cancels a call's task
+        natively when its caller gives up (a deadline, a cancel), which no anyio shield
+        stops; here the caller stops waiting and ``work`` runs to its end (a checkpoint is
+        not cancellable, as upstream's: a paused sandbox is always resumed). Counted in
+        flight until it ends, so :meth:`shutdown` waits for it."""
+        task = asyncio.ensure_future(work)
+        self._detached.add(task)
+        self._in_flight[id(task)] = call
+
+        def finished(done: asyncio.Future[_T]) -> None:
+            self._detached.discard(done)
+            self._in_flight.pop(id(done), None)
+            if not done.cancelled() and (error := done.exception()) is not None:
+                log.info("worker call finished after its caller left", call=call, error=str(error))
+
+        task.add_done_callback(finished)
+        return await asyncio.shield(task)
+
     def _begin(self, request: _LifecycleRequest) -> str:
         """The checks every lifecycle call starts with: not draining, the UID, every
         ``actor_dirs`` field and ``runsc_path`` (upstream validates the last two first of all,
@@ -550,17 +640,141 @@ class WorkerService:
             )
 
     @staticmethod
-    def _full_scope(scope: int, call: str) -> None:
-        if scope == pb.SNAPSHOT_SCOPE_DATA:
-            raise CallError(
-                grpc.StatusCode.UNIMPLEMENTED,
-                f"{call}: scope SNAPSHOT_SCOPE_DATA is not implemented by substrate-gpu yet "
-                "(durable-dir volumes are not archived); use SNAPSHOT_SCOPE_FULL",
-            )
-        if scope != pb.SNAPSHOT_SCOPE_FULL:
+    def _scope(scope: int) -> int:
+        """``scope`` when it is FULL or DATA (``SNAPSHOT_SCOPE_UNSPECIFIED`` is no scope)."""
+        if scope not in (pb.SNAPSHOT_SCOPE_FULL, pb.SNAPSHOT_SCOPE_DATA):
             raise worker_requests.BadRequest(
-                f"scope {scope} is not a snapshot scope: give SNAPSHOT_SCOPE_FULL"
+                f"scope {scope} is not a snapshot scope: give SNAPSHOT_SCOPE_FULL or "
+                "SNAPSHOT_SCOPE_DATA"
             )
+        return scope
+
+    @staticmethod
+    def _probes(spec: pb.WorkloadSpec) -> tuple[wakeup.Probe, ...]:
+        """The spec's wakeup probes, checked (INVALID_ARGUMENT naming a malformed one)."""
+        try:
+            return wakeup.check(spec.containers)
+        except wakeup.ProbeError as e:
+            raise worker_requests.BadRequest(str(e)) from e
+
+    async def _woken(self, actor_id: str, probes: tuple[wakeup.Probe, ...]) -> None:
+        """Once running: every probed container answered 200 (upstream's ``WaitAll``), on
+        the worker pod's address; else the activation is deleted and the call fails. Without
+        a sandbox network there is no address to probe: not awaited (logged)."""
+        if not probes:
+            return
+        if not self._pod_network:
+            log.warning(
+                "wakeup probes not awaited: sandboxes have no network here "
+                "(start the agent with --sandbox-network pod)",
+                actor=actor_id,
+                containers=[p.container for p in probes],
+            )
+            return
+        try:
+            await wakeup.wait_all(probes, POD_ADDRESS)
+        except wakeup.ProbeError as e:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._delete(actor_id)
+                except CallError as cleanup:
+                    log.warning("cleanup after a failed probe failed", error=str(cleanup))
+            raise CallError(
+                grpc.StatusCode.INTERNAL, f"while waiting for container wakeup probe: {e}"
+            ) from e
+
+    @staticmethod
+    def _durable_mounts(spec: pb.WorkloadSpec) -> tuple[durable_dirs.DurableMount, ...]:
+        """The spec's durable-dir volume mounts, checked (INVALID_ARGUMENT naming one)."""
+        try:
+            return durable_dirs.check_mounts(
+                (c.name, [(m.volume_name, m.mount_path) for m in c.durable_dir_volume_mounts])
+                for c in spec.containers
+            )
+        except durable_dirs.DurableDirError as e:
+            raise worker_requests.BadRequest(str(e)) from e
+
+    async def _prepare_volumes(
+        self,
+        workload: worker_requests.Workload,
+        durable: tuple[durable_dirs.DurableMount, ...],
+        volumes_dir: Path,
+        restore_from: Path | None,
+    ) -> None:
+        """Before the sandbox boots: the volumes a Restore's snapshot holds extracted into
+        their directories (upstream's ``untarDurableVolumes``), and each app container's
+        config given the binds of its durable-dir volumes."""
+        if not durable:
+            return
+        volumes = durable_dirs.volume_names(durable)
+        try:
+            if restore_from is not None:
+                used = await _blocking.run_abandonable(
+                    functools.partial(durable_dirs.extract, restore_from, volumes_dir, volumes),
+                    name="substrate-gpu restore durable dirs",
+                )
+                log.info("durable-dir volumes restored", volumes=used)
+            await _blocking.run_abandonable(
+                functools.partial(
+                    durable_dirs.apply_mounts, workload.bundle_dir, durable, volumes_dir
+                ),
+                name="substrate-gpu bind durable dirs",
+            )
+        except durable_dirs.DurableDirError as e:
+            raise worker_requests.BadRequest(str(e)) from e
+
+    @staticmethod
+    async def _archive(volumes_dir: Path, directory: Path, volumes: tuple[str, ...]) -> list[str]:
+        """Each volume's tar written into ``directory`` (upstream's ``tarDurableVolumes``);
+        never cancelled half-way (the call's deadline does not stop it)."""
+        archive = functools.partial(durable_dirs.archive, volumes_dir, directory, volumes)
+        with anyio.CancelScope(shield=True):
+            try:
+                files = await _blocking.run_abandonable(
+                    archive, name="substrate-gpu archive durable dirs"
+                )
+            except (durable_dirs.DurableDirError, OSError) as e:
+                raise CallError(grpc.StatusCode.INTERNAL, str(e)) from e
+        return files
+
+    async def _snapshot_data(
+        self, actor_id: str, volumes_dir: Path, directory: Path, volumes: tuple[str, ...]
+    ) -> list[str]:
+        """SNAPSHOT_SCOPE_DATA: ``runsc pause _pause``, the volumes' tars, ``runsc resume
+        _pause``. Shielded from the call's cancellation as a whole: a deadline that passes
+        mid-tar never leaves the sandbox paused (upstream resumes on a context of its own)."""
+        runtime: object = self._runtime
+        if isinstance(runtime, runsc_api.PerActorRoot):
+            runtime = runtime.for_actor(actor_id)
+        if not isinstance(runtime, runsc_api.SandboxPause):
+            raise CallError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "scope SNAPSHOT_SCOPE_DATA needs a runtime that can pause a sandbox "
+                "(runsc pause/resume); this agent's has none",
+            )
+        with anyio.CancelScope(shield=True):
+            log.info("pausing the sandbox for its data snapshot", actor=actor_id)
+            try:
+                await runtime.pause(sandbox.PAUSE)
+            except exceptions.SubstrateGpuError as e:
+                raise CallError(
+                    grpc.StatusCode.INTERNAL, f"while pausing the sandbox of {actor_id!r}: {e}"
+                ) from e
+            archived: list[str] | CallError
+            try:
+                archived = await self._archive(volumes_dir, directory, volumes)
+            except CallError as e:
+                archived = e
+            try:
+                await runtime.resume(sandbox.PAUSE)
+            except exceptions.SubstrateGpuError as e:
+                raise CallError(
+                    grpc.StatusCode.INTERNAL,
+                    f"while resuming the sandbox of {actor_id!r} after its data snapshot: {e}",
+                ) from e
+        if isinstance(archived, CallError):
+            raise archived
+        return archived
 
     def _staged(
         self, workload: worker_requests.Workload, runsc_path: str
@@ -577,6 +791,13 @@ class WorkerService:
             functools.partial(worker_requests.read_workload, bundle_dir, names),
             name="substrate-gpu read bundles",
         )
+
+    def _identity_of(self, actor_id: str) -> dict[str, str] | None:
+        """The request identity of activation ``actor_id``; None for another actor."""
+        view = self._agent.actor(actor_id)
+        if view is None or not self._uid_of(view):
+            return None
+        return dict(view.identity)
 
     @staticmethod
     def _uid_of(view: actors.ActorView) -> str:
@@ -605,8 +826,12 @@ class WorkerService:
         call: _Call,
         request: pb.RunWorkloadRequest | pb.RestoreWorkloadRequest,
         workload: worker_requests.Workload,
+        durable: tuple[durable_dirs.DurableMount, ...],
+        *,
+        restore_from: Path | None = None,
     ) -> str:
-        """Under the UID's lock: a new activation registered and sized (Run and Restore)."""
+        """Under the UID's lock: a new activation registered and sized (Run and Restore),
+        its durable-dir volumes bound (and, from ``restore_from``, extracted) first."""
         uid = call.uid
         self._not_draining()  # SIGTERM may have come while this call waited for the lock
         view = self._live(uid)
@@ -617,6 +842,12 @@ class WorkerService:
         self._not_executing(uid)
         self._admit(uid)
         try:
+            await self._prepare_volumes(
+                workload,
+                durable,
+                Path(request.actor_dirs.durable_dir_volume_mounts_dir),
+                restore_from,
+            )
             try:
                 # Not abandonable: a compose the caller gave up on finishes, and is undone
                 # here (a thread left running would mount after the unmount).
@@ -639,6 +870,13 @@ class WorkerService:
             ),
             name="substrate-gpu size bundle",
         )
+        if self._pod_network:
+            await _blocking.run_abandonable(
+                functools.partial(
+                    worker_requests.join_pod_network, workload.bundle_dir, workload.containers
+                ),
+                name="substrate-gpu pod network",
+            )
         return actor_id
 
     async def _compose(self, workload: worker_requests.Workload) -> None:

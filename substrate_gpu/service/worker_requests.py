@@ -324,6 +324,29 @@ def apply_size(bundle_dir: Path, actor_id: str, cpu_milli: int, memory_bytes: in
     return cgroup
 
 
+def join_pod_network(bundle_dir: Path, containers: Sequence[str]) -> None:
+    """Every container's config without a network namespace of its own (``linux.namespaces``
+    loses its ``network`` entry), so the sandbox runs on the agent's, the worker pod's
+    (``--sandbox-network pod``, with runsc ``--network=host``). Blocks: run it in a thread."""
+    for container in (PAUSE, *containers):
+        try:
+            with _bundle.open_container(bundle_dir, container) as bundle:
+                config, mode = bundle.read_config()
+                linux = config.get("linux")
+                spaces = linux.get("namespaces") if isinstance(linux, dict) else None
+                if not isinstance(spaces, list):
+                    continue
+                kept = [
+                    n for n in spaces if not (isinstance(n, dict) and n.get("type") == "network")
+                ]
+                if len(kept) != len(spaces):
+                    assert isinstance(linux, dict)
+                    linux["namespaces"] = kept
+                    bundle.write_config(config, mode)
+        except _bundle.BundleFileError as e:
+            raise _bad_bundle(e) from e
+
+
 def read_pause_config(bundle_dir: Path) -> dict[str, object]:
     """``_pause``'s config.json in ``bundle_dir``. Blocks: run it in a thread."""
     return _read_config(bundle_dir, PAUSE)

@@ -74,6 +74,8 @@ COMMAND_FLAGS: dict[str, dict[str, bool]] = {
     "state": {},
     "kill": {"all": False, "pid": True},
     "delete": {"force": False},
+    "pause": {},
+    "resume": {},
     "ps": {"format": True},
     "checkpoint": {
         "image-path": True,
@@ -116,6 +118,8 @@ USAGES = {
     "state": "state [flags] <container id> - get the container state",
     "kill": "kill [flags] <container id> <signal>",
     "delete": "delete [flags] <container ids>",
+    "pause": "pause <container id> - pause all processes in the container",
+    "resume": "resume <container id> - resume a paused container",
     "ps": "ps [flags] <container id> [ps options]",
     "checkpoint": "checkpoint [flags] <container id> - save current state of container.",
     "restore": "restore [flags] <id> - restore a secure container from an image.",
@@ -582,6 +586,8 @@ def cmd_state(root: str, rest: list[str]) -> None:
     state = load_state(root, cid)
     keys = ("ociVersion", "id", "status", "pid", "bundle", "annotations")
     shown = {k: state[k] for k in keys if k in state}
+    if shown.get("status") == "running" and paused_file(root, cid).exists():
+        shown["status"] = "paused"
     if shown.get("status") == "stopped":
         shown["pid"] = -1  # runsc's "no process" (runc says 0)
     sys.stdout.write(json.dumps(shown, indent=2))
@@ -617,7 +623,35 @@ def cmd_delete(root: str, flags: dict[str, str], rest: list[str]) -> None:
             for member in members(root, cid):
                 runc(root, "delete", "--force", member, check=False)
             booted_file(root, cid).unlink(missing_ok=True)
+            paused_file(root, cid).unlink(missing_ok=True)
         runc(root, "delete", *(["--force"] if force else []), cid)
+
+
+def paused_file(root: str, sid: str) -> Path:
+    """Marks root container ``sid``'s sandbox paused (``pause``/``resume``)."""
+    return Path(root) / f".standin-paused-{sid}"
+
+
+def cmd_pause(root: str, rest: list[str], *, resume: bool) -> None:
+    """``pause``/``resume``: of a root container, every container of its sandbox (runsc
+    freezes the whole sentry). Each container's init gets SIGSTOP/SIGCONT, and the sandbox
+    is marked paused (``state`` says so): not runc's freezer, which freezes a whole cgroup,
+    and test bundles share cgroup paths (every ``app`` container is runc's ``/app``)."""
+    verb = "resume" if resume else "pause"
+    cid = one_id(rest, verb)
+    state = load_state(root, cid)
+    status = "paused" if paused_file(root, cid).exists() else state.get("status")
+    if status != ("paused" if resume else "running"):
+        raise Fatal(f'{verb} failed: cannot {verb} container "{cid}" in state {status}')
+    joined = sandbox_of(bundle_config(str(state.get("bundle", "."))))
+    targets = [cid] if joined is not None else [cid, *members(root, cid)]
+    for target in targets:
+        # A member that already exited (stopped) has nothing to stop or continue.
+        runc(root, "kill", target, "CONT" if resume else "STOP", check=target == cid)
+    if resume:
+        paused_file(root, cid).unlink(missing_ok=True)
+    else:
+        paused_file(root, cid).touch()
 
 
 def cmd_ps(root: str, flags: dict[str, str], rest: list[str]) -> None:
@@ -695,6 +729,8 @@ def _dispatch(argv: list[str]) -> int:
         cmd_kill(root, flags, positional)
     elif command == "delete":
         cmd_delete(root, flags, positional)
+    elif command in ("pause", "resume"):
+        cmd_pause(root, positional, resume=command == "resume")
     elif command == "ps":
         cmd_ps(root, flags, positional)
     elif command == "help":

@@ -13,14 +13,17 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import tarfile
 import time
+import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from service.agentproc import AgentProcess, event, logged_events
-from service.workerclient import Actor, connect, status_of
+from service.workerclient import DURABLE_COUNTER, Actor, DurableActor, connect, status_of
 from support import real_runsc as runsc_
 
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
@@ -182,6 +185,172 @@ def test_a_sandboxs_whole_life_through_the_worker_api(
     ]:
         assert expected in types, expected
     assert types.index((one, "deleted")) < types.index((two, "actor_registered"))
+
+
+def _volume_count(actor: DurableActor, at_least: int) -> int:
+    """The count the app keeps in its durable-dir volume, once it reaches ``at_least``."""
+    deadline = time.monotonic() + 30
+    while (count := actor.count()) < at_least:
+        assert time.monotonic() < deadline, f"the app counted only to {count} in its volume"
+        time.sleep(0.05)
+    return count
+
+
+def _tar_count(tar_path: Path) -> int:
+    with tarfile.open(tar_path) as tar:
+        member = tar.extractfile("./count")
+        assert member is not None
+        return int(member.read())
+
+
+def _atelet_restores(actor: DurableActor) -> None:
+    """What atelet does between a snapshot and its restore: the snapshot downloaded into
+    restore_dir, the volume's directory fresh and empty, new bundles."""
+    if actor.restore.exists():
+        shutil.rmtree(actor.restore)
+    actor.checkpoint.rename(actor.restore)
+    shutil.rmtree(actor.durable / "data")
+    (actor.durable / "data").mkdir()
+    shutil.rmtree(actor.bundles)
+    actor.prepare()
+
+
+def test_a_durable_dir_volume_through_data_and_full_snapshots(
+    worker, agent: AgentProcess, real_runsc: Path, root: Path, tmp_path: Path
+) -> None:
+    """An app in gVisor counting in its durable-dir volume: Checkpoint DATA (pause, the tar,
+    resume: the sandbox ran on until the teardown), Restore DATA (a cold boot that counts on
+    from the restored volume), Checkpoint FULL (runsc's image and the tar), Restore FULL."""
+    uid = f"durable-{uuid.uuid4().hex[:12]}"  # its own cgroup (another run may use "durable")
+    actor = DurableActor(tmp_path / "durable", runsc=str(real_runsc), uid=uid)
+    actor.app_args = list(DURABLE_COUNTER)
+    (actor.durable / "data").mkdir(parents=True)
+    actor.prepare()
+    assert status_of(worker.RunWorkload, actor.run()) == (OK, "")
+    _volume_count(actor, 5)
+
+    reply = worker.CheckpointWorkload(
+        actor.checkpoint_request(scope=pb.SNAPSHOT_SCOPE_DATA), timeout=120
+    )
+    tar = "durable-dir-data.tar"
+    assert (list(reply.snapshot_files), list(reply.data_snapshot_files)) == ([tar], [tar])
+    saved = _tar_count(actor.checkpoint / tar)
+    assert saved >= 5
+    assert runsc_.list_ids(real_runsc, root / f"{uid}.1") == []  # torn down after it
+
+    _atelet_restores(actor)
+    request = actor.restore_request(scope=pb.SNAPSHOT_SCOPE_DATA)
+    assert status_of(worker.RestoreWorkload, request) == (OK, "")
+    assert sorted(runsc_.list_ids(real_runsc, root / f"{uid}.2")) == ["_pause", "app"]
+    counted = _volume_count(actor, saved + 3)
+    assert counted < saved + 200  # from the restored value, not from 0
+
+    reply = worker.CheckpointWorkload(actor.checkpoint_request(), timeout=120)
+    assert list(reply.data_snapshot_files) == [tar]
+    assert {"checkpoint.img", tar} <= set(reply.snapshot_files)
+    saved = _tar_count(actor.checkpoint / tar)
+    assert saved >= counted
+
+    _atelet_restores(actor)
+    assert status_of(worker.RestoreWorkload, actor.restore_request()) == (OK, "")
+    assert sorted(runsc_.list_ids(real_runsc, root / f"{uid}.3")) == ["_pause", "app"]
+    assert _volume_count(actor, saved + 2) >= saved + 2
+    assert status_of(worker.TerminateWorkload, actor.terminate()) == (OK, "")
+    assert runsc_.list_ids(real_runsc, root / f"{uid}.3") == []
+    types = [e["type"] for e in logged_events(agent.log) if e["actor_id"] == f"{uid}.2"]
+    assert "run_requested" in types and "restore_requested" not in types  # DATA: a cold boot
+
+
+def test_each_app_containers_output_is_json_lines_on_the_agents_stdout(
+    real_runsc: Path, root: Path, tmp_path: Path
+) -> None:
+    """In gVisor too, an app container's stdout and stderr reach the agent's stdout as JSON
+    records labelled with the actor's identity and the container (upstream's log pipe)."""
+    flags = [f"--runsc-flag={f}" for f in runsc_.GLOBAL_FLAGS]
+    stdout = tmp_path / "agent.stdout"
+    process = AgentProcess.on_socket(
+        tmp_path,
+        "--runsc",
+        str(real_runsc),
+        *flags,
+        "--worker-socket",
+        str(tmp_path / "worker.sock"),
+        stdout_file=stdout,
+    )
+    try:
+        worker = connect(tmp_path / "worker.sock")
+        uid = f"logs-{uuid.uuid4().hex[:8]}"
+        args = ["sh", "-c", "echo hello from gvisor; echo oops >&2; sleep 100000"]
+        actor = Actor(tmp_path / "logs", runsc=str(real_runsc), uid=uid, app_args=args).prepare()
+        assert status_of(worker.RunWorkload, actor.run()) == (OK, "")
+        deadline = time.monotonic() + 20
+        wanted = {"hello from gvisor", "oops"}
+        while True:
+            records = [json.loads(line) for line in stdout.read_text().splitlines() if line]
+            seen = {r.get("message") for r in records if r["labels"].get("ate.actor.uid") == uid}
+            if wanted <= seen:
+                break
+            assert time.monotonic() < deadline, records
+            time.sleep(0.1)
+        [record] = [r for r in records if r.get("message") == "hello from gvisor"]
+        assert record["labels"]["ate.actor.container.name"] == "app"
+        assert status_of(worker.TerminateWorkload, actor.terminate()) == (OK, "")
+    finally:
+        assert process.terminate() == 0, process.stderr()[-3000:]
+
+
+def test_a_pod_network_sandbox_serves_on_the_worker_pods_namespace(
+    real_runsc: Path, root: Path, tmp_path: Path
+) -> None:
+    """``--sandbox-network pod``: the sandbox is on the agent's network namespace (runsc
+    ``--network=host``, no network namespace in the bundles), so an app's HTTP server in
+    gVisor answers the agent's own 127.0.0.1, and Run waits for its wakeup probe there."""
+    flags = [f"--runsc-flag={f}" for f in runsc_.GLOBAL_FLAGS if not f.startswith("--network")]
+    process = AgentProcess.on_socket(
+        tmp_path,
+        "--runsc",
+        str(real_runsc),
+        *flags,
+        "--sandbox-network",
+        "pod",
+        "--worker-socket",
+        str(tmp_path / "worker.sock"),
+    )
+    port = 18000 + uuid.uuid4().int % 2000
+    try:
+        worker = connect(tmp_path / "worker.sock")
+        args = ["busybox", "httpd", "-f", "-p", f"127.0.0.1:{port}", "-h", "/bin"]
+        actor = Actor(
+            tmp_path / "net",
+            runsc=str(real_runsc),
+            uid=f"net-{uuid.uuid4().hex[:8]}",
+            app_args=args,
+        ).prepare()
+        # The wakeup probe: Run answers once the server answers 200 (upstream's WaitAll).
+        probe = pb.WakeupProbe(
+            http_get=pb.HTTPGetAction(path="/busybox", port=port), timeout_seconds=20
+        )
+        spec = pb.WorkloadSpec(containers=[pb.Container(name="app", wakeup_probe=probe)])
+        assert status_of(worker.RunWorkload, actor.run(spec=spec)) == (OK, "")
+        for name in ("_pause", "app"):
+            config = json.loads((actor.bundles / name / "config.json").read_text())
+            assert "network" not in {n["type"] for n in config["linux"]["namespaces"]}
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/busybox", timeout=2) as answer:
+            assert answer.status == 200  # at once: the probe already saw it
+        assert status_of(worker.TerminateWorkload, actor.terminate()) == (OK, "")
+
+        # A probe nobody answers: the call fails after its timeout and leaves nothing.
+        silent = pb.WakeupProbe(
+            http_get=pb.HTTPGetAction(path="/", port=port + 1), timeout_seconds=1
+        )
+        spec = pb.WorkloadSpec(containers=[pb.Container(name="app", wakeup_probe=silent)])
+        actor.prepare()
+        code, message = status_of(worker.RunWorkload, actor.run(spec=spec))
+        assert code == grpc.StatusCode.INTERNAL
+        assert "wakeup probe for 'app'" in message and "never returned 200 within 1s" in message
+        assert worker.GetActiveWorkloadStats(pb.GetActiveWorkloadStatsRequest()).samples == []
+    finally:
+        assert process.terminate() == 0, process.stderr()[-3000:]
 
 
 def test_the_size_is_applied_to_the_sandboxs_cgroup(

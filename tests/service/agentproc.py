@@ -41,9 +41,11 @@ class AgentProcess:
         env: dict[str, str] | None = None,
         log_level: str | None = "INFO",
         umask: int = -1,
+        stdout_file: Path | None = None,
     ) -> None:
         """``log_level`` None: the agent's own default (no ``--log-level``); ``umask``: the
-        agent's (-1: this process's)."""
+        agent's (-1: this process's); ``stdout_file``: where its stdout goes (not stdin's
+        answers: those are piped)."""
         self.tmp = tmp
         self.args = args
         self.socket = tmp / "agent.sock"
@@ -52,15 +54,20 @@ class AgentProcess:
         self._stderr = self.stderr_path.open("w")
         level = ["--log-level", log_level] if log_level is not None else []
         argv = [sys.executable, "-m", "substrate_gpu", *level, "agent", *args]
+        stdout: Any = subprocess.PIPE if stdin else subprocess.DEVNULL
+        if stdout_file is not None and not stdin:
+            stdout = stdout_file.open("wb")
         self.process = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=stdout,
             stderr=self._stderr,
             cwd=REPO,
             env={**os.environ, **(env or {})},
             umask=umask,
         )
+        if stdout_file is not None and not stdin:
+            stdout.close()  # the agent holds its own copy
 
     @property
     def runsc(self) -> str:

@@ -29,3 +29,26 @@ def test_a_positional_runsc_flag_is_refused() -> None:
     """A value that is not a flag would become runsc's subcommand: refused, naming it."""
     with pytest.raises(exceptions.ConfigError, match="'systrap' is not a flag"):
         _agent.config_from(_parse("--metrics-port=0", "--runsc-flag=systrap"))
+
+
+@pytest.mark.parametrize(
+    ("network", "flag"),
+    [
+        pytest.param("pod", "--network=host", id="pod: the worker pod's namespace"),
+        pytest.param("none", "--network=none", id="none"),
+    ],
+)
+def test_sandbox_network_becomes_runscs_network_flag(network: str, flag: str) -> None:
+    config = _agent.config_from(
+        _parse("--metrics-port=0", "--runsc-flag=--platform=systrap", "--sandbox-network", network)
+    )
+    assert config.sandbox_network == network
+    runtime = wiring.build_collaborators(config).runtime
+    assert runtime.config.global_flags == ("--platform=systrap", flag)
+
+
+def test_sandbox_network_and_a_network_runsc_flag_are_refused_together() -> None:
+    with pytest.raises(exceptions.ConfigError, match="contradicts --sandbox-network pod"):
+        _agent.config_from(
+            _parse("--metrics-port=0", "--runsc-flag=--network=none", "--sandbox-network=pod")
+        )

@@ -185,22 +185,6 @@ def test_the_same_runsc_binary_elsewhere_is_honoured(worker, actor, standin, tmp
         assert status_of(worker.TerminateWorkload, actor.terminate()) == (grpc.StatusCode.OK, "")
 
 
-@pytest.mark.parametrize(
-    ("call", "request_of"),
-    [
-        pytest.param("CheckpointWorkload", Actor.checkpoint_request, id="checkpoint"),
-        pytest.param("RestoreWorkload", Actor.restore_request, id="restore"),
-    ],
-)
-def test_data_scope_is_unimplemented(worker, actor, call, request_of):
-    """SNAPSHOT_SCOPE_DATA: UNIMPLEMENTED, saying why and what to use."""
-    code, message = status_of(
-        getattr(worker, call), request_of(actor, scope=pb.SNAPSHOT_SCOPE_DATA)
-    )
-    assert code == grpc.StatusCode.UNIMPLEMENTED
-    assert "SNAPSHOT_SCOPE_DATA is not implemented" in message and "SNAPSHOT_SCOPE_FULL" in message
-
-
 def test_an_unspecified_scope_is_invalid(worker, actor):
     code, message = status_of(
         worker.CheckpointWorkload, actor.checkpoint_request(scope=pb.SNAPSHOT_SCOPE_UNSPECIFIED)

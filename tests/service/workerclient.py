@@ -20,6 +20,18 @@ PAUSE_ARGS = ["sleep", "100000"]
 #: process state came back (the log file is in the rootfs: it is part of the image too).
 COUNTER_ARGS = ["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done"]
 
+#: Counts on from what durable-dir volume ``data`` (at ``/data``) holds: a restored volume
+#: shows in the next value.
+DURABLE_COUNTER = [
+    "sh",
+    "-c",
+    (
+        "i=$(cat /data/count 2>/dev/null || echo 0); "
+        "while true; do i=$((i+1)); echo $i > /data/count.new; mv /data/count.new /data/count; "
+        "sleep 0.1; done"
+    ),
+]
+
 
 def connect(path: Path, timeout: float = 20) -> pb_grpc.WorkerStub:
     """A stub on the worker socket, once it answers."""
@@ -114,6 +126,23 @@ class Actor:
         return pb.TerminateWorkloadRequest(
             **{**self.identity(), "spec": self.spec(), "actor_dirs": self.dirs(), **fields}
         )
+
+
+class DurableActor(Actor):
+    """An actor whose app mounts durable-dir volume ``data`` at ``/data``."""
+
+    def spec(self) -> pb.WorkloadSpec:
+        mount = pb.DurableDirVolumeMount(volume_name="data", mount_path="/data")
+        return pb.WorkloadSpec(
+            containers=[pb.Container(name="app", durable_dir_volume_mounts=[mount])]
+        )
+
+    def count(self) -> int:
+        text = (self.durable / "data" / "count").read_text() if self.counting() else ""
+        return int(text) if text.strip() else 0
+
+    def counting(self) -> bool:
+        return (self.durable / "data" / "count").is_file()
 
 
 def status_of(call: Any, request: Any, timeout: float = 120) -> tuple[grpc.StatusCode, str]:
