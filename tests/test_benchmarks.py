@@ -9,6 +9,7 @@ name starts with ``_`` is code the scripts share (``_targets.py``), not a benchm
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import subprocess
@@ -147,7 +148,11 @@ def test_bench_worker_api_cleans_the_direct_arm_after_a_failing_round(
     monkeypatch.setattr(bench, "grpc_round", lambda *args: [0.0, 0.0, 0.0])
     try:
         with pytest.raises(RuntimeError, match="planted: checkpoint failed"):
-            bench.main_run(1, smoke=True)  # type: ignore[attr-defined]
+            bench.main_run(  # type: ignore[attr-defined]
+                argparse.Namespace(
+                    smoke=True, rounds=1, upstream_worker=None, upstream_source=None, load=0
+                )
+            )
         mounts = Path("/proc/self/mountinfo").read_text()
         assert f" {tmp_path}/" not in mounts
         assert list(tmp_path.iterdir()) == []  # the bench's temp directory went too

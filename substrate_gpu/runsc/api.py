@@ -56,6 +56,9 @@ class RunscFeatures:
     allow_connected_on_save: bool = False
     """The global ``--allow-connected-on-save`` flag exists: established connections may
     stay open across a checkpoint (upstream's worker passes it on start)."""
+    restore_background: bool = False
+    """``restore --background`` exists: image loading goes on after restore exits
+    (upstream's worker passes it on every restore)."""
     binary_sha256: str = ""
     """The SHA-256 of the runsc binary (a snapshot is tied to the build that wrote it);
     empty when the binary cannot be read."""

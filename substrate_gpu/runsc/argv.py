@@ -122,10 +122,13 @@ def restore(
     image_path: Path,
     nvproxy: bool,
     extra: Sequence[str] = (),
+    background: bool = False,
 ) -> tuple[str, ...]:
-    """``runsc --root R [--nvproxy] [EXTRA…] restore --bundle B --image-path DIR --detach ID``.
+    """``runsc --root R [--nvproxy] [EXTRA…] restore --bundle B --image-path DIR
+    [--background] --detach ID``.
 
     Always ``--detach``: without it runsc blocks until the restored container exits.
+    ``background``: the image goes on loading after restore exits (upstream's worker).
     """
     return (
         *_prefix(inv, nvproxy=nvproxy),
@@ -135,6 +138,7 @@ def restore(
         str(bundle),
         "--image-path",
         str(image_path),
+        *(("--background",) if background else ()),
         "--detach",
         container_id,
     )

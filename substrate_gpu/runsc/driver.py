@@ -19,8 +19,9 @@ A thin effectful shell around :mod:`substrate_gpu.runsc.argv` (what to run) and
   GPU sandbox's containers, ``_pause``'s create above all (see :mod:`.argv`).
 - **Upstream's worker flags** (``RunscConfig.upstream_worker_flags``, set for an agent serving
   the worker API): ``--cpu-num-from-quota`` on ``create`` and ``restore``,
-  ``--allow-connected-on-save`` on ``start``, as upstream's ``cmd/ateworker-gvisor/runsc.go``
-  passes them; each only when this runsc lists it (``runsc flags``), so an older runsc is
+  ``--allow-connected-on-save`` on ``start``, and the subcommand flag ``restore
+  --background``, as upstream's ``cmd/ateworker-gvisor/runsc.go`` passes them; each only
+  when this runsc lists it (``runsc flags``, ``runsc help restore``), so an older runsc is
   run as it was rather than refused.
 - :meth:`RunscDriver.for_actor` gives a multi-container sandbox its own ``--root``
   (``<root>/<actor_id>``; runsc makes it on the first create), features detected once;
@@ -437,6 +438,7 @@ class RunscDriver:
         binary = await _blocking.run_abandonable(
             lambda: scan_binary(self.config.runsc), name="runsc-sha256"
         )
+        restore_help = await self._help_text(argv.help_command(self._inv, "restore"))
         return api.RunscFeatures(
             version=first_line,
             leave_running=has_flag(checkpoint_help, "leave-running"),
@@ -449,6 +451,7 @@ class RunscDriver:
             binary_sha256=binary.sha256,
             restore_creates_gpu_device_files=binary.restore_creates_gpu_device_files,
             nvproxy_flag_legacy=nvproxy_flag_is_legacy(flags_help),
+            restore_background=has_flag(restore_help, "background"),
         )
 
     async def _help_text(self, args: tuple[str, ...]) -> str:
@@ -508,6 +511,18 @@ class RunscDriver:
         if command == "start":
             return ("--allow-connected-on-save",) if features.allow_connected_on_save else ()
         return ()
+
+    async def _restore_background(self) -> bool:
+        """``restore --background`` as upstream's worker gives it (``restoreArgs`` at
+        533900d), where this runsc has it and ``upstream_worker_flags`` is on: restore
+        answers once the sandbox runs, its memory still loading (docs/worker-api.md,
+        Performance)."""
+        if not self.config.upstream_worker_flags:
+            return False
+        try:
+            return (await self.features()).restore_background
+        except api.RunscError:
+            return False
 
     def pid_file(self, container_id: str, bundle: Path) -> Path:
         """Where ``create`` asks runsc to write the sandbox pid."""
@@ -610,6 +625,7 @@ class RunscDriver:
             image_path=image_path,
             nvproxy=nvproxy,
             extra=await self._upstream_flags("restore"),
+            background=await self._restore_background(),
         )
         try:
             await self._run(

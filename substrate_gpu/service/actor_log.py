@@ -36,9 +36,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Final
 
-import structlog
+from substrate_gpu._log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 RESERVED: Final = "ate."
 """Substrate's namespace: dropped from what the workload writes."""

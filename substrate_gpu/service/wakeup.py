@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import Final
 
 import anyio
-import structlog
 
 from substrate_gpu import exceptions
+from substrate_gpu._log import get_logger
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 REQUEST_TIMEOUT: Final = 0.25
 POLL_INTERVAL: Final = 0.001

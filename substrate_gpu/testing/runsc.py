@@ -29,7 +29,7 @@ from pathlib import Path
 ENV = os.environ
 DEFAULT_FEATURES = (
     "leave-running,cuda-checkpoint-path,nvproxy-list,nvproxy-driver-version,"
-    "cpu-num-from-quota,allow-connected-on-save"
+    "cpu-num-from-quota,allow-connected-on-save,restore-background"
 )
 FEATURES = {f.strip() for f in ENV.get("RUNSC_STANDIN_FEATURES", DEFAULT_FEATURES).split(",")}
 VERSION = ENV.get("RUNSC_STANDIN_VERSION", "release-20250512.0")
@@ -111,6 +111,9 @@ if "cuda-checkpoint-path" in FEATURES:
     COMMAND_FLAGS["checkpoint"]["cuda-checkpoint-path"] = True
 if "cuda-checkpoint-sequential" in FEATURES:
     COMMAND_FLAGS["checkpoint"]["cuda-checkpoint-sequential"] = False
+if "restore-background" in FEATURES:
+    # Image loading that goes on after restore exits: nothing to load lazily here.
+    COMMAND_FLAGS["restore"]["background"] = False
 
 USAGES = {
     "create": "create [flags] <container id> - create a secure container",

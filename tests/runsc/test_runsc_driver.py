@@ -380,7 +380,39 @@ async def test_upstreams_worker_flags_go_where_upstream_puts_them_when_runsc_has
     found = {}
     for entry in argv_log.entries():
         for command in ("create", "start", "restore"):
-            if command in entry:
+            if command in entry and "help" not in entry:  # not feature detection's
                 flags = entry[entry.index(str(runsc_root / "a.1")) + 1 : entry.index(command)]
                 found[command] = [f for f in flags if f.startswith("--") and "=" not in f]
     assert found == expected
+
+
+@pytest.mark.parametrize(
+    ("features_env", "upstream", "background"),
+    [
+        pytest.param(None, True, True, id="worker-api-on-todays-runsc"),
+        pytest.param("leave-running", True, False, id="older-runsc"),
+        pytest.param(None, False, False, id="json-door"),
+    ],
+)
+async def test_restore_loads_its_image_in_the_background_as_upstreams_worker_does(
+    runsc_root: Path,
+    argv_log,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    features_env: str | None,
+    upstream: bool,
+    background: bool,
+) -> None:
+    """``restore --background`` (upstream's ``restoreArgs``), a flag of the subcommand, only
+    if ``runsc help restore`` lists it, and only for an agent serving the worker API."""
+    if features_env is not None:
+        monkeypatch.setenv("RUNSC_STANDIN_FEATURES", features_env)
+    runtime = driver.RunscDriver(
+        driver.RunscConfig(root=runsc_root, runsc=str(STANDIN), upstream_worker_flags=upstream)
+    ).for_actor("a.1")
+    with pytest.raises(api.RunscError):  # no such bundle: the argv is logged all the same
+        await runtime.restore("c", tmp_path / "no-bundle", tmp_path / "image", nvproxy=False)
+    [entry] = [e for e in argv_log.entries() if "restore" in e and "help" not in e]
+    after = entry[entry.index("restore") + 1 :]
+    assert ("--background" in after) is background
+    assert after[-2:] == ["--detach", "c"]

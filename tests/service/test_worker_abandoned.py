@@ -301,17 +301,20 @@ async def test_abandoning_the_startups_undoes_each_and_answers_why(world: World)
 async def test_a_checkpoint_abandoned_mid_way_still_tears_down_and_frees_the_uid(
     world: World,
 ) -> None:
-    """A Checkpoint is not undone: its effect writes the image and tears the sandbox down
-    whatever the caller does; the activation its caller left ``suspended`` is deleted by the
-    next Restore of the UID, which runs."""
+    """A Checkpoint is neither undone nor stopped when its caller leaves (upstream's is not
+    cancellable): it writes the image, tears the sandbox down and deletes the activation;
+    the next Restore of the UID runs."""
     actor = Actor(world.tmp / "actor", uid=UID, runsc=str(world.tmp / "runsc")).prepare()
     await world.worker.RunWorkload(actor.run())
     world.runtime.gates_on["checkpoint", "_pause"] = gate = anyio.Event()
     async with _abandoned(lambda: world.worker.CheckpointWorkload(actor.checkpoint_request())):
         await _until(_called(world.runtime, "checkpoint", "_pause"), "checkpoint")
     gate.set()
-    await _until(lambda: world.activations() == [(f"{UID}.1", "suspended")], "suspended")
-    assert world.runtime.roots[f"{UID}.1"].containers == {}
+    await _until(lambda: world.activations() == [(f"{UID}.1", "deleted")], "deleted")
+    assert (
+        world.runtime.roots.get(f"{UID}.1") is None
+        or not world.runtime.roots[f"{UID}.1"].containers
+    )
     assert (actor.checkpoint / "checkpoint.img").is_file()
     actor.checkpoint.rename(actor.restore)
     with anyio.fail_after(10):

@@ -3,11 +3,13 @@ measured" (UNSPECIFIED, zeros, the identity echoed) while the sandbox has no cgr
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import anyio
 import grpc
 import pytest
+from support import real
 
 from substrate_gpu.lifecycle import actors
 from substrate_gpu.service import cgroup_stats, worker_api
@@ -75,6 +77,16 @@ class _Agent:
 
     def actors(self) -> tuple[actors.ActorView, ...]:
         return tuple(self.views)
+
+    def actor(self, actor_id: str) -> actors.ActorView | None:
+        return next((v for v in self.views if v.actor_id == actor_id), None)
+
+    def state_of(self, actor_id: str) -> str | None:
+        view = self.actor(actor_id)
+        return view.state if view is not None else None
+
+    def __len__(self) -> int:
+        return len(self.views)
 
 
 class _Door:
@@ -188,3 +200,78 @@ def test_an_activation_not_yet_created_is_not_measured_from_a_cgroup_there(tmp_p
     assert sample.source == pb.STATS_SOURCE_UNSPECIFIED
     assert (sample.memory_current_bytes, sample.cpu_usage_usec) == (0, 0)
     assert sample.actor_uid == "u"
+
+
+def _with(view: actors.ActorView, **fields: object) -> actors.ActorView:
+    return actors.ActorView(**{**{f: getattr(view, f) for f in view.__struct_fields__}, **fields})
+
+
+def test_an_activation_registered_elsewhere_is_found_after_the_map_was_built(tmp_path):
+    """The UID → activations map is rebuilt when the agent's table grew by something the
+    worker API did not register (here: the JSON door, after a first lookup built it)."""
+    first = _with(_view(tmp_path, "deleted"))
+    door = _Door([first])
+    service = worker_api.WorkerService(door, runsc="runsc", cgroup_root=_v2(tmp_path / "cg"))  # type: ignore[arg-type]
+    with pytest.raises(worker_api.CallError):
+        anyio.run(service.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid="u"))
+    door.agent.views.append(_with(first, actor_id="u.2", state="running"))
+    reply = anyio.run(service.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid="u"))
+    assert reply.sample.source == pb.STATS_SOURCE_CGROUP
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_stats_reader_holds_its_files_only_while_the_activation_lives(tmp_path):
+    """Sampled, a live activation's four cgroup files stay open (the next sample is four
+    preads); once it is deleted, the next stats call closes them."""
+    view = _view(tmp_path, "running")
+    door = _Door([view])
+    service = worker_api.WorkerService(door, runsc="runsc", cgroup_root=_v2(tmp_path / "cg"))  # type: ignore[arg-type]
+    before = _open_fds()
+    for _ in range(3):
+        anyio.run(service.GetActiveWorkloadStats, pb.GetActiveWorkloadStatsRequest())
+    assert _open_fds() == before + 4
+    door.agent.views[0] = _with(view, state="deleted")
+    assert (
+        anyio.run(service.GetActiveWorkloadStats, pb.GetActiveWorkloadStatsRequest()).samples == []
+    )
+    assert _open_fds() == before
+
+
+def _real_cgroup(name: str) -> list[Path]:
+    """A real cgroup named ``name`` in this host's layout (v2, or v1's memory and cpuacct)."""
+    root = cgroup_stats.CGROUP_ROOT
+    if (root / "cgroup.controllers").exists():
+        made = [root / name]
+    else:
+        made = [root / "memory" / name, root / "cpuacct" / name]
+    try:
+        for path in made:
+            path.mkdir()
+    except OSError as e:
+        real.missing("a cgroup of our own", f"cannot be made here: {e}")
+    return made
+
+
+@pytest.mark.usefixtures("require_root")
+def test_a_reader_of_a_removed_cgroup_answers_none_and_reads_it_again_once_remade():
+    """On cgroupfs a removed cgroup's open files read ENODEV: the reader answers None (not
+    the last figures) and opens the path afresh when the cgroup is made again."""
+    name = f"substrate-gpu-test-reader-{os.getpid()}"
+    reader = cgroup_stats.CgroupReader(cgroup_stats.files_of(f"/{name}"))
+    made = _real_cgroup(name)
+    try:
+        assert reader.read() == cgroup_stats.read(f"/{name}")
+        assert reader.read() is not None
+        for path in made:
+            path.rmdir()
+        assert reader.read() is None
+        made = _real_cgroup(name)
+        assert reader.read() is not None
+    finally:
+        reader.close()
+        for path in made:
+            if path.exists():
+                path.rmdir()
