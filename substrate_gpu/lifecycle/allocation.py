@@ -22,7 +22,7 @@ A pure, deterministic functional core (:func:`decide`) and a small stateful shel
 - **GPUs per container** (issue 31 §10): a sandbox whose app containers name their own
   GPUs asks for their union, in ``groups`` (one per container). The same GPU named by two
   containers is one GPU of the sandbox, shared by them (they are one actor); named twice
-  by one container, it is refused as any request naming a GPU twice.
+  by one container (by two of its names), it is that GPU once, as in any request.
 - The table is not a second source of truth: it is the projection of the actors' records
   (``gpu_devices``, set by ``gpus_allocated``, held while the actor is in a state the YAML
   marks ``holds_gpus``). Replay and recovery rebuild it from the same records

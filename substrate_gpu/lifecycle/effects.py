@@ -42,11 +42,17 @@ Decisions worth knowing:
   0600 before ``checkpoint_written``, whatever the umask (:mod:`substrate_gpu._private`).
 - A successful checkpoint is followed by ``delete --force`` (``--leave-running`` resumed the
   sandbox; without it the stopped container still holds the id a restore needs).
+- **No outcome frees GPUs under a sandbox that may still run** (issue 30): an outcome that
+  leaves a ``holds_gpus`` state for one the machine does not mark ``may_leave_sandbox``
+  (``stopped``, ``suspended``) is produced only when the sandbox is known gone. A failed
+  restore whose leftovers cannot be deleted is ``effect_failed`` (``failed``: the pipeline
+  keeps the GPUs until it has deleted them), a checkpoint whose teardown cannot delete a
+  sandbox that may run is ``checkpoint_failed`` with the sandbox survived, and
+  ``sandbox_survived`` is False only on a definite answer (:func:`_sandbox_runs`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -114,15 +120,22 @@ def _message(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
-async def _delete_quietly(ctx: EffectContext, actor: ActorView) -> None:
+async def _delete_quietly(ctx: EffectContext, actor: ActorView) -> bool:
     """Best-effort ``delete --force`` of a leftover container, or of every container of a
-    sandbox (cleanup, never the outcome)."""
+    sandbox (cleanup, never the outcome). Whether each delete succeeded or found nothing to
+    delete; False: a container may still run (ask the runtime before freeing its GPUs)."""
     if sandbox.is_sandbox(actor):
-        with contextlib.suppress(exceptions.SubstrateGpuError):
-            await sandbox.delete_quietly(sandbox.of(ctx.runtime, actor))
-        return
-    with contextlib.suppress(exceptions.SubstrateGpuError):
+        try:
+            return await sandbox.delete_quietly(sandbox.of(ctx.runtime, actor))
+        except sandbox.SandboxError:
+            return True  # a runtime without per-actor roots never made this sandbox
+    try:
         await ctx.runtime.delete(actor.actor_id, force=True)
+    except runsc.ContainerNotFoundError:
+        return True
+    except exceptions.SubstrateGpuError:
+        return False
+    return True
 
 
 async def delete_leftover(ctx: EffectContext, actor: ActorView) -> bool:
@@ -266,11 +279,27 @@ async def start(ctx: EffectContext, actor: ActorView, event: events.Event) -> ev
 
 
 async def _sandbox_runs(ctx: EffectContext, actor: ActorView) -> bool:
+    """Whether the actor's sandbox may still run: its root container is running or paused,
+    or its state cannot be read. Only a definite answer means it does not (runsc knows no
+    such container, or says it stopped; a runtime that cannot host the sandbox never made
+    it): any other error keeps the GPUs held and the actor where its sandbox is believed to
+    run, and is logged, since the agent's belief may now differ from what runs."""
     try:
         runtime, container = _root_container(ctx, actor)
-        state = await runtime.state(container)
-    except exceptions.SubstrateGpuError:
+    except sandbox.SandboxError:
         return False
+    try:
+        state = await runtime.state(container)
+    except runsc.ContainerNotFoundError:
+        return False
+    except exceptions.SubstrateGpuError as e:
+        _log.warning(
+            "the sandbox's state could not be read: taken as still running, its GPUs held",
+            actor_id=actor.actor_id,
+            container=container,
+            error=_message(e),
+        )
+        return True
     return state.status in {"running", "paused"}
 
 
@@ -490,8 +519,16 @@ async def checkpoint(ctx: EffectContext, actor: ActorView, event: events.Event) 
             sandbox_survived=await _sandbox_runs(ctx, actor),
         )
     # The image is good; the sandbox (resumed by --leave-running, or stopped) must go so the
-    # id is free for the restore. A failure here leaves a container the next restore deletes.
-    await _delete_quietly(ctx, actor)
+    # id is free for the restore. A stopped one left behind is deleted by the next restore;
+    # one that may still run keeps its GPUs: the suspend did not happen (as recovery reads a
+    # live sandbox mid-checkpoint), the image is left unused.
+    if not await _delete_quietly(ctx, actor) and await _sandbox_runs(ctx, actor):
+        return events.CheckpointFailed(
+            actor_id=actor_id,
+            message=f"checkpointed into {image}, but the sandbox could not be deleted and may "
+            "still run: it keeps its GPUs and the image is not used (suspend again, or delete)",
+            sandbox_survived=True,
+        )
     return events.CheckpointWritten(actor_id=actor_id, image_path=str(image))
 
 
@@ -541,7 +578,15 @@ async def restore(ctx: EffectContext, actor: ActorView, event: events.Event) -> 
         else:
             await ctx.runtime.restore(actor_id, Path(actor.bundle), Path(image), nvproxy=actor.gpu)
     except exceptions.SubstrateGpuError as e:
-        await _delete_quietly(ctx, actor)
+        if not await delete_leftover(ctx, actor):
+            # What the restore made may still run: the actor fails (its GPUs held until the
+            # pipeline has deleted it) instead of resting suspended with its GPUs freed.
+            return events.EffectFailed(
+                actor_id=actor_id,
+                effect="restore",
+                message=f"{_message(e)}; what the restore made could not be deleted and "
+                "may still run (its GPUs stay held until it is gone)",
+            )
         return events.RestoreFailed(actor_id=actor_id, message=_message(e))
     return events.Restored(
         actor_id=actor_id,

@@ -610,7 +610,8 @@ class RestoreFailed(Outcome, frozen=True, tag="restore_failed"):
 
 @register
 class EffectFailed(Outcome, frozen=True, tag="effect_failed"):
-    """A runtime effect (create, start, delete) failed."""
+    """A runtime effect (create, start, delete) failed, or a restore whose leftovers could
+    not be deleted (they may still run)."""
 
     effect: str
     message: str

@@ -20,9 +20,12 @@ How an event flows (one actor's events strictly in order, actors concurrently):
 **No GPU is freed while a sandbox that has it may still run** (issue 30). When an actor
 leaves a ``holds_gpus`` state for one the machine marks ``may_leave_sandbox`` (``failed``:
 an effect failed, timed out or was interrupted, a verification failed, a resume failed with
-the sandbox up), its GPUs stay held: the pipeline deletes what is left
-of the sandbox (apps first, ``_pause`` last), asks the runtime that none of its containers
-is left, and only then frees them (and offers them to actors awaiting GPUs). GPUs recovery
+the sandbox up), or for any state when the effect raised (an unexpected error: what it did
+to the sandbox is unknown, whatever its failure outcome says), its GPUs stay held: the
+pipeline deletes what is left of the sandbox (apps first, ``_pause`` last), asks the
+runtime that none of its containers is left, and only then frees them (and offers them to
+actors awaiting GPUs). Other outcomes leave a holding state only with the sandbox known
+gone (:mod:`~substrate_gpu.lifecycle.effects`). GPUs recovery
 found injected in a live sandbox (:class:`~substrate_gpu.lifecycle.allocation.LiveSandbox`)
 are held the same way, beside what the log says, until that sandbox is gone. A kept GPU is
 free for the actor itself (its next create or restore replaces the old sandbox first), and
@@ -404,10 +407,16 @@ class Pipeline:
             self._hold_gpus(actor_id)
 
     def _hold_gpus(
-        self, actor_id: str, source: str | None = None, event: events.Event | None = None
+        self,
+        actor_id: str,
+        source: str | None = None,
+        event: events.Event | None = None,
+        *,
+        sandbox_may_run: bool = False,
     ) -> None:
         """Bring the allocation table up to date with ``actor_id``'s record (after ``event``,
-        which moved it from ``source``), keeping GPUs a sandbox may still have."""
+        which moved it from ``source``), keeping GPUs a sandbox may still have
+        (``sandbox_may_run``: whatever state the event entered)."""
         allocator = self._allocator
         actor = self.table.get(actor_id)
         if allocator is None or actor is None:
@@ -418,7 +427,7 @@ class Pipeline:
         if actor.state not in self._holding:
             if (
                 source in self._holding
-                and actor.state in self._leaving
+                and (actor.state in self._leaving or sandbox_may_run)
                 and actor_id not in self._kept
             ):
                 kept = allocator.held(actor_id)
@@ -445,11 +454,13 @@ class Pipeline:
         if self._metrics is not None and self._send is not None:
             self._metrics.queue_depth(self._send.statistics().current_buffer_used)
 
-    async def _accept(self, event: events.Event) -> actors.Step:
+    async def _accept(self, event: events.Event, *, sandbox_may_run: bool = False) -> actors.Step:
         step = self.table.apply(event)
         # Before any await: the next allocation decision must see this one.
         try:
-            self._hold_gpus(step.event.actor_id, step.source, step.event)
+            self._hold_gpus(
+                step.event.actor_id, step.source, step.event, sandbox_may_run=sandbox_may_run
+            )
         except errors.AllocationError as e:
             # Unreachable while grants come from the allocator: memory and table disagree.
             self._broken = e
@@ -523,6 +534,7 @@ class Pipeline:
             view = actor.snapshot()
             timeout = self._timeouts[effect]
             started = time.monotonic()
+            raised = False
             try:
                 with anyio.fail_after(timeout):
                     outcome = await self._effects[effect](self._context, view, cause)
@@ -535,10 +547,11 @@ class Pipeline:
                 # collaborator. The actor must still land on an explicit failure transition.
                 _log.exception("effect raised", effect=effect, actor_id=job.actor_id)
                 outcome = effects.failure_outcome(effect, view, f"unexpected error: {e!r}")
+                raised = True
             if self._metrics is not None:
                 self._metrics.effect_finished(effect, outcome.type, time.monotonic() - started)
             try:
-                step = await self._accept(outcome)
+                step = await self._accept(outcome, sandbox_may_run=raised)
             except errors.InvalidEvent:
                 # The loader checks every in-flight state accepts its effect's outcomes.
                 _log.exception("effect outcome refused by the machine", effect=effect)

@@ -324,6 +324,8 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
                 Trigger.RESTORED: Ending.OK,
                 Trigger.RESTORE_FAILED: Ending.ERROR,
                 Trigger.RESTORE_REFUSED: Ending.REFUSED,
+                # Failed, and what it made may still run (not deleted): failed, GPUs kept.
+                Trigger.EFFECT_FAILED: Ending.ERROR,
                 **_TIMED_OUT,
             },
             failure=lambda a, m: events.RestoreFailed(actor_id=a.actor_id, message=m),

@@ -342,10 +342,11 @@ async def _delete_containers(sandbox: Sandbox) -> None:
             raise _failed(sandbox, "deleting", name, e) from e
 
 
-async def delete_quietly(sandbox: Sandbox, names: Iterable[str] | None = None) -> None:
+async def delete_quietly(sandbox: Sandbox, names: Iterable[str] | None = None) -> bool:
     """Best-effort delete (cleanup, never an outcome) of ``names`` (default: every
     container, and then, when every one is gone, the actor's root: :func:`remove_root`),
-    apps first, ``_pause`` last."""
+    apps first, ``_pause`` last. Whether every one of them is gone (deleted, or unknown to
+    runsc); False: one may still run."""
     order = _delete_order(sandbox.containers if names is None else names)
     gone: set[str] = set()
 
@@ -365,9 +366,11 @@ async def delete_quietly(sandbox: Sandbox, names: Iterable[str] | None = None) -
     for name in order[:-1] if order and order[-1] == PAUSE else ():
         if name not in gone:
             await attempt(name)
-    if names is None and gone >= set(order):
+    every = gone >= set(order)
+    if names is None and every:
         with contextlib.suppress(SandboxError):
             await remove_root(sandbox)
+    return every
 
 
 def has_root(sandbox: Sandbox) -> bool:

@@ -16,6 +16,11 @@ below a directory, deepest first, detached.
 
 What atelet hands over is not trusted more than it must be:
 
+- the container directory is reached from its bundle directory (``oci_bundle_dir``, opened
+  as given) with no link followed (:func:`substrate_gpu._files.open_directory`, the walk
+  every file under a bundle directory goes through), once: the spec is read and the rootfs
+  composed through that one descriptor, so a link swapped in after the request was checked
+  is refused, never followed, and nothing is read, made or mounted outside the bundle;
 - the mount points (``rootfs``, ``upper``, ``work``, ``volumes/<name>``) are derived from the
   container's directory, never read from the file, and are reached through real directories
   only: the overlay is attached with ``move_mount`` relative to the container directory's
@@ -113,21 +118,47 @@ class OverlaySpec:
 # --- reading the spec -------------------------------------------------------------------
 
 
+def _open_container(container_dir: Path) -> int:
+    """An ``O_PATH`` descriptor of ``container_dir``, reached from its bundle directory (its
+    parent, opened as given) through a real directory: a symlink (or anything else) in its
+    place is :class:`OverlayError` (``bad_input``), never followed. The caller closes it."""
+    container_dir = Path(container_dir)
+    try:
+        return _files.open_directory(str(container_dir.parent), (container_dir.name,))
+    except _files.NotReadable as e:
+        raise OverlayError(
+            f"refusing {container_dir}: {e}; every directory under the bundle directory "
+            f"{container_dir.parent} must be a real directory, never a link",
+            bad_input=True,
+        ) from e
+    except FileNotFoundError as e:
+        raise OverlayError(
+            f"container directory {container_dir} does not exist", bad_input=True
+        ) from e
+    except OSError as e:
+        raise OverlayError(f"cannot open {container_dir}: {e.strerror or e}") from e
+
+
 def read_overlay_spec(
     container_dir: Path | str, *, layers_dir: Path = DEFAULT_LAYERS_DIR
 ) -> OverlaySpec | None:
     """The container's overlay spec, or ``None`` when it has none (its rootfs is a plain
-    directory). Read through real directories only, never blocking, bounded; a spec that is
-    not version 1, names a layer outside ``layers_dir`` or is malformed is
-    :class:`OverlayError` (``bad_input``) naming the file and the field."""
-    where = f"{container_dir}/{OVERLAY_SPEC}"
+    directory). Read through real directories only (``container_dir`` itself never a link),
+    never blocking, bounded; a spec that is not version 1, names a layer outside
+    ``layers_dir`` or is malformed is :class:`OverlayError` (``bad_input``) naming the file
+    and the field."""
+    fd = _open_container(Path(container_dir))
     try:
-        fd = _files.open_directory(str(container_dir), ())
-    except OSError as e:
-        raise OverlayError(f"cannot open {container_dir}: {e.strerror or e}") from e
+        return _read_spec_at(fd, f"{container_dir}/{OVERLAY_SPEC}", layers_dir)
+    finally:
+        os.close(fd)
+
+
+def _read_spec_at(dir_fd: int, where: str, layers_dir: Path) -> OverlaySpec | None:
+    """:func:`read_overlay_spec` of the container directory ``dir_fd``."""
     try:
         raw, _mode = _files.read_regular_at(
-            fd, OVERLAY_SPEC, max_bytes=MAX_SPEC_BYTES, what="a rootfs overlay spec"
+            dir_fd, OVERLAY_SPEC, max_bytes=MAX_SPEC_BYTES, what="a rootfs overlay spec"
         )
     except FileNotFoundError:
         return None
@@ -135,8 +166,6 @@ def read_overlay_spec(
         raise OverlayError(f"refusing {where}: {e}", bad_input=True) from e
     except OSError as e:
         raise OverlayError(f"cannot read {where}: {e.strerror or e}") from e
-    finally:
-        os.close(fd)
     return parse_overlay_spec(raw, where, layers_dir=layers_dir)
 
 
@@ -297,48 +326,68 @@ def _split_in_layer(path: str, layer: Path) -> tuple[str, str | None]:
 
 def compose_rootfs(container_dir: Path, spec: OverlaySpec) -> None:
     """Mount the container's rootfs (and its image volumes) as ``spec`` says; see the module
-    docstring. A stale mount at a mount point (a failed earlier activation of this bundle)
-    is detached first. On a failure, whatever this call mounted is detached again."""
+    docstring. ``container_dir`` itself is never a link (:class:`OverlayError`). A stale
+    mount at a mount point (a failed earlier activation of this bundle) is detached first.
+    On a failure, whatever this call mounted is detached again."""
+    dir_fd = _open_container(container_dir)
+    try:
+        _compose_at(container_dir, dir_fd, spec)
+    finally:
+        os.close(dir_fd)
+
+
+def _held(fd: int, *names: str) -> Path:
+    """A path to ``names`` in the directory ``fd`` that goes through the descriptor
+    (``/proc/self/fd/<fd>/…``), whatever has been renamed or linked on its way since."""
+    return Path(f"/proc/self/fd/{fd}", *names)
+
+
+def _compose_at(container_dir: Path, dir_fd: int, spec: OverlaySpec) -> None:
+    """:func:`compose_rootfs` in the container directory ``dir_fd`` (``container_dir``
+    names it in messages only: every step goes through the descriptor)."""
     for layer in (*spec.layers, *(lyr for v in spec.image_volumes for lyr in v.layers)):
         finalize_layer(layer)
-    dir_fd = _open_real_dir(container_dir, f"container directory {container_dir}")
     try:
         try:
             for name in ("rootfs", "upper", "work"):
                 _ensure_dir(dir_fd, name, container_dir)
-            mounts.detach(container_dir / "rootfs")
+            mounts.detach(_held(dir_fd, "rootfs"))
             _fresh_work_dir(dir_fd)
             if spec.layers:
                 mounts.mount_overlay(
                     dir_fd, "rootfs", _lower_dirs(spec.layers), upper="upper", work="work"
                 )
             rootfs = container_dir / "rootfs"
-            for extra in spec.extra_dirs:
-                with confined.open_dir_in_root(rootfs, extra, create=True):
-                    pass
-            if spec.layers:
-                _repair_implicit_dirs(rootfs, spec.layers)
+            rootfs_fd = _files.open_directory(dir_fd, ("rootfs",))
+            try:
+                for extra in spec.extra_dirs:
+                    os.close(confined.open_dir_at(rootfs, rootfs_fd, extra, create=True))
+                if spec.layers:
+                    _repair_implicit_dirs(rootfs_fd, spec.layers)
+            finally:
+                os.close(rootfs_fd)
             if spec.image_volumes:
                 _ensure_dir(dir_fd, "volumes", container_dir)
-                volumes_fd = _open_real_dir(container_dir / "volumes", "volumes directory")
+                volumes_fd = _files.open_directory(dir_fd, ("volumes",))
                 try:
                     for vol in spec.image_volumes:
                         _ensure_dir(volumes_fd, vol.name, container_dir / "volumes")
-                        mounts.detach(container_dir / "volumes" / vol.name)
+                        mounts.detach(_held(volumes_fd, vol.name))
                         mounts.mount_image_volume(volumes_fd, vol.name, _lower_dirs(vol.layers))
                 finally:
                     os.close(volumes_fd)
         except BaseException:
-            unmount_all_under(container_dir)
+            # Where the descriptor is now: never through a link put in its place since.
+            unmount_all_under(_held(dir_fd).readlink())
             raise
     except confined.ConfinedPathError as e:
+        raise OverlayError(f"while composing {container_dir}/rootfs: {e}", bad_input=True) from e
+    except _files.NotReadable as e:
         raise OverlayError(f"while composing {container_dir}/rootfs: {e}", bad_input=True) from e
     except OSError as e:
         raise OverlayError(
             f"while composing {container_dir}/rootfs from {spec.path}: {e.strerror or e}"
         ) from e
-    finally:
-        os.close(dir_fd)
 
 
 def _fresh_work_dir(dir_fd: int) -> None:
@@ -367,7 +416,7 @@ def _lower_dirs(layers: Sequence[Path]) -> list[str]:
     return out
 
 
-def _repair_implicit_dirs(rootfs: Path, layers: Sequence[Path]) -> None:
+def _repair_implicit_dirs(rootfs_fd: int, layers: Sequence[Path]) -> None:
     """A directory a layer created only as a parent (recorded in its ``implicitDirs``, with
     made-up ``root:root 0755``) shadows, in the merged view, the attributes a lower layer
     declared (``/tmp``'s 1777): give the merged directory those of the top-most layer that
@@ -402,7 +451,7 @@ def _repair_implicit_dirs(rootfs: Path, layers: Sequence[Path]) -> None:
             continue
         names = path.split("/")
         try:
-            fd = _files.open_directory(str(rootfs), names)
+            fd = _files.open_directory(rootfs_fd, names)
         except (_files.NotReadable, FileNotFoundError):
             continue  # the merged view has something else there: nothing to repair
         try:
@@ -478,10 +527,15 @@ def compose_bundle(
     try:
         for name in containers:
             container = bundle_dir / name
-            spec = read_overlay_spec(container, layers_dir=layers_dir)
-            if spec is not None:
-                compose_rootfs(container, spec)
-                composed.append(name)
+            # One descriptor for the spec and the compose: no link, even one swapped in now.
+            dir_fd = _open_container(container)
+            try:
+                spec = _read_spec_at(dir_fd, f"{container}/{OVERLAY_SPEC}", layers_dir)
+                if spec is not None:
+                    _compose_at(container, dir_fd, spec)
+                    composed.append(name)
+            finally:
+                os.close(dir_fd)
     except BaseException:
         if composed:
             unmount_all_under(bundle_dir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from lifecycle.doubles import FakeInjector, FakeRuntime
 from substrate_gpu import preflight
 from substrate_gpu.eventlog import EventLog, replay
-from substrate_gpu.lifecycle import Agent, actors, events, machine
+from substrate_gpu.lifecycle import Agent, actors, allocation, events, machine
 from substrate_gpu.lifecycle.agent import ResumePoint
 from substrate_gpu.lifecycle.allocation import (
     GpuAllocator,
@@ -35,6 +36,7 @@ from substrate_gpu.service.wiring import LifecycleMetricsBridge
 
 MakeAgent = Callable[..., Agent]
 SPEC = machine.load_spec()
+REPO = Path(__file__).resolve().parents[2]
 FOUR = WorkerGpus.named([f"nvidia.com/gpu={i}" for i in range(4)])
 
 
@@ -574,6 +576,29 @@ def test_one_container_naming_a_gpu_twice_counts_it_once() -> None:
         groups=(("nvidia.com/gpu=1", "nvidia.com/gpu=GPU-bbbb"),),
     )
     assert decide(request, _worker(), set()) == Granted(("nvidia.com/gpu=1",))
+
+
+#: A clause about one container naming a GPU twice (by two of its names).
+_ONE_CONTAINER_TWICE = re.compile(
+    r"one container naming a GPU[^.;]*(?:twice|two of its names)|twice by one container",
+    re.IGNORECASE,
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(allocation.__doc__ or "", id="allocation-module-doc"),
+        pytest.param((REPO / "docs" / "gpu-injection.md").read_text(), id="gpu-injection-md"),
+    ],
+)
+def test_the_docs_say_one_container_naming_a_gpu_twice_is_granted_it_once(text: str) -> None:
+    """What the test above shows is what the docs say: no clause about one container naming
+    a GPU twice calls it refused (it was, before commit 0f2c49b; issue 30)."""
+    clauses = re.split(r"[.;]\s", " ".join(text.split()))
+    about = [c for c in clauses if _ONE_CONTAINER_TWICE.search(c)]
+    assert about, "the rule is no longer stated where it was"
+    assert not [c for c in about if "refus" in c]
 
 
 @anyio_mark

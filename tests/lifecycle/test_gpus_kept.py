@@ -21,6 +21,7 @@ from substrate_gpu.lifecycle import Agent, actors, events, hooks, machine
 from substrate_gpu.lifecycle.agent import ResumePoint
 from substrate_gpu.lifecycle.allocation import GpuAllocator, LiveSandbox, WorkerGpus
 from substrate_gpu.observability.metrics import AgentMetrics
+from substrate_gpu.probes.api import GpuClient
 from substrate_gpu.service.wiring import LifecycleMetricsBridge
 
 pytestmark = pytest.mark.anyio
@@ -106,6 +107,140 @@ async def test_a_failed_actor_may_get_back_the_gpus_it_still_holds(
         await agent.submit(events.RetryRequested(actor_id="a"))
         await agent.wait_for_state("a", "running", timeout=5)
     assert allocator.table == {"a": NAMES[2:3]}
+
+
+def _sandbox_bundle(tmp_path: Path) -> Path:
+    """A sandbox bundle directory: ``_pause`` and two app containers, each a config."""
+    top = tmp_path / "bundles" / "s"
+    for name in ("_pause", "app", "side"):
+        (top / name).mkdir(parents=True)
+        (top / name / "config.json").write_text('{"ociVersion": "1.0.2"}')
+    return top
+
+
+async def test_a_failed_restore_whose_leftovers_cannot_be_deleted_keeps_the_gpus(
+    make_agent: MakeAgent, runtime: FakeRuntime, tmp_path: Path
+) -> None:
+    """A GPU sandbox's restore fails at its last container with ``_pause`` and ``app``
+    restored, and no delete succeeds: the actor fails (not suspended), its GPUs held while
+    those run (a second actor waits), and they go to it once a delete succeeds."""
+    allocator = GpuAllocator(FOUR, name="w1")
+    bundle = str(_sandbox_bundle(tmp_path))
+    async with make_agent(allocator=allocator) as agent:
+        await agent.submit(
+            events.ActorRegistered(
+                actor_id="s", gpu=True, gpus=4, bundle=bundle, containers=("app", "side")
+            )
+        )
+        await agent.submit(events.BundlePrepared(actor_id="s", bundle=bundle))
+        await agent.submit(events.RunRequested(actor_id="s"))
+        await agent.wait_for_state("s", "running", timeout=5)
+        await agent.submit(events.SuspendRequested(actor_id="s"))
+        await agent.wait_for_state("s", "suspended", timeout=5)
+        runtime.fail_on["restore", "side"] = "runsc: restoring side failed"
+        runtime.fail["delete"] = "runsc: cannot lock container"
+        await agent.submit(events.RestoreRequested(actor_id="s"))
+        await agent.wait_for_state("s", "failed", timeout=5)
+        await agent.settle()
+        rooted = runtime.roots["s"].containers
+        assert (rooted["_pause"].status, rooted["app"].status) == ("running", "running")
+        assert allocator.table == {"s": NAMES}
+        await _run(agent, "b", "awaiting_gpus", gpus=1)
+        del runtime.fail_on["restore", "side"], runtime.fail["delete"]
+        await agent.submit(events.DeleteRequested(actor_id="s"))
+        await agent.wait_for_state("b", "running", timeout=5)
+    assert runtime.roots["s"].containers == {}
+    assert allocator.table == {"b": NAMES[:1]}
+
+
+async def test_a_checkpoint_whose_teardown_fails_keeps_the_running_sandbox_and_its_gpus(
+    make_agent: MakeAgent, runtime: FakeRuntime
+) -> None:
+    """The image is written (``--leave-running``) but the sandbox cannot be deleted: it runs
+    on with its GPUs, and the actor is running, not suspended with its GPUs freed."""
+    allocator = GpuAllocator(FOUR, name="w1")
+    async with make_agent(allocator=allocator) as agent:
+        await _run(agent, "a", gpus=4)
+        runtime.fail["delete"] = "runsc: cannot lock container"
+        await agent.submit(events.SuspendRequested(actor_id="a"))
+        await agent.wait_for_state("a", "running", timeout=5)
+        assert runtime.containers["a"].status == "running"
+        assert allocator.table == {"a": NAMES}
+        await _run(agent, "b", "awaiting_gpus", gpus=1)
+        del runtime.fail["delete"]
+        await agent.submit(events.DeleteRequested(actor_id="a"))
+        await agent.wait_for_state("b", "running", timeout=5)
+    assert allocator.table == {"b": NAMES[:1]}
+
+
+class _FailStateIn:
+    """From the moment the actor enters ``state``, ``runsc state`` fails (not "no such
+    container": an error that says nothing about whether it runs)."""
+
+    def __init__(self, runtime: FakeRuntime, state: str) -> None:
+        self.runtime = runtime
+        self.state = state
+
+    def on_transition(self, transition: hooks.Transition) -> None:
+        if transition.dest == self.state:
+            self.runtime.fail["state"] = "runsc: permission denied"
+
+
+@pytest.mark.parametrize(
+    ("failing", "fails_in"),
+    [
+        pytest.param("state", "probing", id="probe"),
+        pytest.param("checkpoint", "checkpointing", id="checkpoint"),
+    ],
+)
+async def test_an_unreadable_sandbox_state_after_a_failed_suspend_keeps_the_gpus(
+    make_agent: MakeAgent, runtime: FakeRuntime, failing: str, fails_in: str
+) -> None:
+    """The suspend fails and ``runsc state`` cannot say whether the sandbox runs: it is
+    taken as running (the actor running, its GPUs held) and the doubt is logged; only a
+    definite "no such container" would have freed them."""
+    allocator = GpuAllocator(FOUR, name="w1")
+    observer = _FailStateIn(runtime, fails_in)
+    with structlog.testing.capture_logs() as logged:
+        async with make_agent(allocator=allocator, observers=[observer]) as agent:
+            await _run(agent, "a", gpus=4)
+            runtime.fail[failing] = "runsc: something went wrong"
+            await agent.submit(events.SuspendRequested(actor_id="a"))
+            await agent.wait_for_state("a", "running", timeout=5)
+            assert allocator.table == {"a": NAMES}
+            runtime.fail.clear()
+    (warning,) = [e for e in logged if "could not be read" in e["event"]]
+    assert warning["actor_id"] == "a"
+
+
+class _RaisingProbe:
+    """A probe with a bug: every call raises something no effect expects."""
+
+    async def live_clients(self, pids: tuple[int, ...]) -> tuple[GpuClient, ...]:
+        raise RuntimeError("a bug in the probe")
+
+
+async def test_an_effect_that_raises_keeps_the_gpus_until_the_sandbox_is_deleted(
+    make_agent: MakeAgent, runtime: FakeRuntime
+) -> None:
+    """The probe raises (a bug): its failure outcome stops the actor, but what the effect
+    did to the sandbox is unknown, so its GPUs stay held until the pipeline has deleted it
+    (here only once a delete succeeds)."""
+    allocator = GpuAllocator(FOUR, name="w1")
+    runtime.fail["delete"] = "runsc: cannot lock container"
+    async with make_agent(allocator=allocator, probe=_RaisingProbe()) as agent:
+        await _run(agent, "a", gpus=4)
+        await agent.submit(events.SuspendRequested(actor_id="a"))
+        await agent.wait_for_state("a", "stopped", timeout=5)
+        await agent.settle()
+        assert runtime.containers["a"].status == "running"
+        assert allocator.table == {"a": NAMES}
+        await _run(agent, "b", "awaiting_gpus", gpus=1)
+        del runtime.fail["delete"]
+        await agent.submit(events.DeleteRequested(actor_id="a"))
+        await agent.wait_for_state("b", "running", timeout=5)
+    assert "a" not in runtime.containers
+    assert allocator.table == {"b": NAMES[:1]}
 
 
 def _view(actor_id: str, state: str, devices: str) -> actors.ActorView:

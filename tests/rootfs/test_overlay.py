@@ -205,6 +205,80 @@ def test_a_symlinked_mount_point_is_refused_never_mounted_through(world: Path) -
     assert os.listdir(elsewhere) == []
 
 
+def _linked_elsewhere(world: Path, container: Path) -> Path:
+    """Move ``container`` aside (inside its bundle) and put in its place a link to a
+    directory elsewhere holding the same spec: what a party racing the worker would do."""
+    elsewhere = world / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / overlay.OVERLAY_SPEC).write_bytes((container / overlay.OVERLAY_SPEC).read_bytes())
+    container.rename(container.with_name(container.name + ".moved"))
+    container.symlink_to(elsewhere)
+    return elsewhere
+
+
+def test_a_container_directory_that_is_a_link_is_refused_never_read_or_composed_through(
+    world: Path,
+) -> None:
+    """``<bundle>/app`` a link to a directory elsewhere: neither the spec is read through it
+    nor anything composed there (issue 30 §3: no link followed under the bundle directory)."""
+    base = _layer(world, "base", {"a": "1"})
+    container = world / "bundle" / "app"
+    _spec(container, [base])
+    elsewhere = _linked_elsewhere(world, container)
+    with pytest.raises(overlay.OverlayError, match="symbolic link") as caught:
+        overlay.read_overlay_spec(container, layers_dir=world / "layers")
+    assert caught.value.bad_input
+    with pytest.raises(overlay.OverlayError, match="symbolic link"):
+        overlay.compose_bundle(world / "bundle", ("app",), layers_dir=world / "layers")
+    assert os.listdir(elsewhere) == [overlay.OVERLAY_SPEC]
+    assert overlay.mount_points_under(world) == []
+
+
+def test_a_link_swapped_in_after_the_spec_was_read_is_never_composed_through(
+    world: Path,
+) -> None:
+    """The spec was read (the request checked), then the container directory became a link
+    elsewhere: the compose refuses it, and nothing is made or mounted there."""
+    base = _layer(world, "base", {"a": "1"})
+    container = world / "bundle" / "app"
+    _spec(container, [base])
+    spec = overlay.read_overlay_spec(container, layers_dir=world / "layers")
+    assert spec is not None
+    elsewhere = _linked_elsewhere(world, container)
+    with pytest.raises(overlay.OverlayError, match="symbolic link"):
+        overlay.compose_rootfs(container, spec)
+    assert os.listdir(elsewhere) == [overlay.OVERLAY_SPEC]
+    assert overlay.mount_points_under(world) == []
+
+
+def test_a_link_swapped_in_while_a_bundle_is_composed_is_not_followed(
+    world: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The container directory becomes a link once its spec is read (the first layer is
+    being finalized): the rootfs is composed in the directory the spec came from, through
+    the descriptor opened once, never at the link's target."""
+    base = _layer(world, "base", {"a": "1"})
+    container = world / "bundle" / "app"
+    _spec(container, [base])
+    finalize = overlay.finalize_layer
+    swapped: list[Path] = []
+
+    def swap_then_finalize(layer: Path) -> None:
+        if not swapped:
+            swapped.append(_linked_elsewhere(world, container))
+        finalize(layer)
+
+    monkeypatch.setattr(overlay, "finalize_layer", swap_then_finalize)
+    assert overlay.compose_bundle(world / "bundle", ("app",), layers_dir=world / "layers") == (
+        "app",
+    )
+    (elsewhere,) = swapped
+    assert os.listdir(elsewhere) == [overlay.OVERLAY_SPEC]
+    moved = world / "bundle" / "app.moved"
+    assert overlay.mount_points_under(world) == [str(moved / "rootfs")]
+    assert (moved / "rootfs" / "a").read_text() == "1"
+
+
 def test_an_extra_dir_through_an_image_symlink_stays_in_the_rootfs(world: Path) -> None:
     base = _layer(world, "base", {"data/": ""})
     (base / "fs/run").symlink_to("/data")  # resolved in the rootfs: <rootfs>/data
