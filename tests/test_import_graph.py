@@ -2,7 +2,7 @@
 
 The rule (docs/gpu-injection.md, "Stand-ins"): the simulated node, the tool stand-ins and the
 in-process sandboxes live in the public test kit; only the demo may use them. "Demo" means
-:mod:`substrate_gpu.demo` itself, reached from the CLI only lazily (inside the handler of
+:mod:`substrate_gpu.testing.demo` itself, reached from the CLI only lazily (inside the handler of
 ``demo`` and of ``agent --demo``), so ``import substrate_gpu.cli`` loads neither.
 
 Two checks: a static walk of every ``import`` statement (function-local ones included) that
@@ -22,7 +22,7 @@ import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "substrate_gpu"
 KIT = "substrate_gpu.testing"
-DEMO = "substrate_gpu.demo"
+DEMO = "substrate_gpu.testing.demo"
 #: Production modules allowed to import the demo, and only inside a function.
 DEMO_ENTRY_POINTS = frozenset({"substrate_gpu.cli._demo", "substrate_gpu.cli._agent"})
 
@@ -71,22 +71,23 @@ def imports_of(source: str, module: str, *, is_package: bool) -> list[tuple[str,
 
 
 def violations(module: str, source: str, *, is_package: bool = False) -> list[str]:
-    """What is wrong with ``module``'s imports under the rule above."""
-    problems = []
-    flagged: set[int] = set()
+    """What is wrong with ``module``'s imports under the rule above (one problem per
+    statement; ``from substrate_gpu.testing import demo`` imports the demo, which lives in
+    the kit, and is judged by the demo's rule)."""
+    statements: dict[int, tuple[list[str], bool]] = {}
     for name, line, in_function in imports_of(source, module, is_package=is_package):
-        if line in flagged:
-            continue  # one problem per statement
-        if name == KIT or name.startswith(KIT + "."):
-            problems.append(f"{module}:{line} imports the test kit ({name})")
-            flagged.add(line)
-        elif name == DEMO and not (module in DEMO_ENTRY_POINTS and in_function):
-            problems.append(
-                f"{module}:{line} imports the demo"
-                + ("" if module in DEMO_ENTRY_POINTS else " (not a demo entry point)")
-                + ("" if in_function else " at module level")
-            )
-            flagged.add(line)
+        statements.setdefault(line, ([], in_function))[0].append(name)
+    problems = []
+    for line, (names, in_function) in statements.items():
+        if DEMO in names:
+            if not (module in DEMO_ENTRY_POINTS and in_function):
+                problems.append(
+                    f"{module}:{line} imports the demo"
+                    + ("" if module in DEMO_ENTRY_POINTS else " (not a demo entry point)")
+                    + ("" if in_function else " at module level")
+                )
+        elif kit := next((n for n in names if n == KIT or n.startswith(KIT + ".")), None):
+            problems.append(f"{module}:{line} imports the test kit ({kit})")
     return problems
 
 
@@ -143,19 +144,19 @@ def test_importing_every_production_module_loads_no_kit_module():
         ),
         pytest.param(
             "substrate_gpu.cli._demo",
-            "from substrate_gpu import demo",
+            "from substrate_gpu.testing import demo",
             ["substrate_gpu.cli._demo:1 imports the demo at module level"],
             id="demo-at-module-level",
         ),
         pytest.param(
             "substrate_gpu.cli._inject",
-            "def f():\n    from substrate_gpu import demo",
+            "def f():\n    from substrate_gpu.testing import demo",
             ["substrate_gpu.cli._inject:2 imports the demo (not a demo entry point)"],
             id="demo-elsewhere",
         ),
         pytest.param(
             "substrate_gpu.cli._agent",
-            "def f():\n    from substrate_gpu import demo",
+            "def f():\n    from substrate_gpu.testing import demo",
             [],
             id="demo-lazily-from-entry-point",
         ),

@@ -377,7 +377,7 @@ def _run_demo(config: config_.AgentConfig) -> int:
 
     import anyio  # noqa: PLC0415
 
-    from substrate_gpu import demo  # noqa: PLC0415  (imports the test kit: demo mode only)
+    from substrate_gpu.testing import demo  # noqa: PLC0415  (imports the test kit: demo mode only)
 
     with tempfile.TemporaryDirectory(prefix="substrate-gpu-agent-demo-") as tmp:
         workdir = Path(tmp)

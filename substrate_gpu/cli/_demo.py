@@ -1,4 +1,4 @@
-"""``substrate-gpu demo``: the README's main command (see :mod:`substrate_gpu.demo`)."""
+"""``substrate-gpu demo``: the README's main command (see :mod:`substrate_gpu.testing.demo`)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     """Handler of ``demo``: exit 1 if the replayed log disagrees with the live states."""
     # The demo imports the test kit (substrate_gpu.testing): loaded only when the demo runs.
-    from substrate_gpu import demo  # noqa: PLC0415
+    from substrate_gpu.testing import demo  # noqa: PLC0415
 
     try:
         result = demo.main(args.workdir, sys.stdout)

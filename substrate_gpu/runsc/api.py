@@ -177,7 +177,7 @@ class SandboxRuntime(Protocol):
 @runtime_checkable
 class PerSandboxFeatures(Protocol):
     """A runtime whose sandboxes do not all run under the same runsc build (the demo's
-    CPU actors in real gVisor beside GPU actors on the stand-in, ``substrate_gpu.demo``).
+    CPU actors in real gVisor beside GPU actors on the stand-in, ``substrate_gpu.testing.demo``).
 
     Optional: the lifecycle asks it, when the runtime has it, what the runsc hosting one
     sandbox supports, for that sandbox's checkpoint (``--leave-running``, the runsc version

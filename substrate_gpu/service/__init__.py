@@ -5,7 +5,7 @@ Where things live: :mod:`.config` is the process's configuration as a value;
 production collaborators (runsc driver, fd probe, GPU injector, metrics); :mod:`.recovery`
 opens the event log, recovering from it first; :mod:`.server` runs it all (Unix socket,
 stdin, signals, drain). ``agent --demo``'s simulated node and scripted workload live in
-:mod:`substrate_gpu.demo`. See ``docs/agent.md``.
+:mod:`substrate_gpu.testing.demo`. See ``docs/agent.md``.
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@
 What kopf ships as ``kopf.testing`` and structlog as ``structlog.testing``: pieces for testing
 code built on substrate-gpu where a GPU, the NVIDIA toolkit or gVisor cannot run. Production
 modules never import this package (``tests/test_import_graph.py`` walks the import graph);
-only the demo (:mod:`substrate_gpu.demo`, the ``demo`` command and ``agent --demo``), the
-test suite and the benchmarks do.
+the test suite, the benchmarks and the demo do. The demo lives here, :mod:`.demo`, because
+it runs on the kit; the CLI reaches it only inside the handlers of ``demo`` and
+``agent --demo``.
 
+- :mod:`.demo`: ``substrate-gpu demo``, the simulated node's actors through their whole life.
 - :mod:`.node`: a simulated node under a directory (char device nodes, real gcc-built ELF
   driver libraries, the toolkit stand-ins installed as scripts).
 - :mod:`.bundles`: OCI bundles with a static busybox rootfs.

@@ -11,10 +11,11 @@ import pytest
 from support import real_runsc as runsc_
 from support import runc_bundle
 
-from substrate_gpu import demo, exceptions, preflight
+from substrate_gpu import exceptions, preflight
 from substrate_gpu.lifecycle import Agent, events
 from substrate_gpu.probes.fd_scan import FdScanProbe
 from substrate_gpu.runsc import driver
+from substrate_gpu.testing import demo
 from substrate_gpu.testing import node as node_
 
 pytestmark = [pytest.mark.anyio, pytest.mark.runc]

@@ -11,8 +11,8 @@ import time
 import pytest
 from support.umask import umask
 
-from substrate_gpu import demo
 from substrate_gpu.eventlog import replay
+from substrate_gpu.testing import demo
 
 pytestmark = pytest.mark.runc
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from substrate_gpu import cli, demo
+from substrate_gpu import cli
+from substrate_gpu.testing import demo
 
 
 @pytest.fixture

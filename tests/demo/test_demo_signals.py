@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from substrate_gpu import demo, eventlog
+from substrate_gpu import eventlog
+from substrate_gpu.testing import demo
 
 pytestmark = pytest.mark.runc
 

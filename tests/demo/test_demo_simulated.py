@@ -6,9 +6,9 @@ import io
 
 import pytest
 
-from substrate_gpu import demo
 from substrate_gpu.eventlog import replay
 from substrate_gpu.probes.api import GpuClient
+from substrate_gpu.testing import demo
 from substrate_gpu.testing.sandboxes import SimulatedSandboxes
 
 

@@ -39,12 +39,12 @@ from service.agentproc import REPO, AgentProcess
 from support import gpu_specs, runc_bundle
 from support.real import missing
 
-from substrate_gpu import cdi, cli, demo, eventlog, runsc
+from substrate_gpu import cdi, cli, eventlog, runsc
 from substrate_gpu.lifecycle import effects, hooks
 from substrate_gpu.observability.metrics import AgentMetrics
 from substrate_gpu.observability.registry import AgentRegistry
 from substrate_gpu.pools import validation
-from substrate_gpu.testing import bundles
+from substrate_gpu.testing import bundles, demo
 from substrate_gpu.testing import node as node_
 from substrate_gpu.testing.sandboxes import SimulatedSandboxes
 

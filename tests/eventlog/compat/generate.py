@@ -67,7 +67,7 @@ def main(out: Path) -> None:
     import bench_eventlog
 
     from eventlog.logs import short_life
-    from substrate_gpu import demo
+    from substrate_gpu.testing import demo
 
     out.mkdir(parents=True, exist_ok=True)
     _every_type(out / "every_type.jsonl")
