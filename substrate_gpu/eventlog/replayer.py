@@ -1,7 +1,7 @@
 """Replay: rebuild every actor's state from a log, running no effect.
 
 Each logged event goes through the machine exactly as the agent applied it: the same
-:class:`~substrate_gpu.lifecycle.actors.ActorTable`, ``machines/actor.yaml`` and its one
+:class:`~substrate_gpu.lifecycle.table.ActorTable`, ``machines/actor.yaml`` and its one
 :class:`~substrate_gpu.lifecycle.machine.Interpreter`. Outcome events are *read* from the
 log, never produced, so nothing talks to runsc, the probe or the injector. Deterministic:
 the same log gives the same states and the same transition sequence.
@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import overload
 
 from substrate_gpu.eventlog import errors, format, reader, snapshot
-from substrate_gpu.lifecycle import actors, events, hooks, machine
+from substrate_gpu.lifecycle import actors, events, hooks, machine, table
 from substrate_gpu.lifecycle import errors as lifecycle_errors
 
 
 class TransitionList(Sequence[hooks.Transition]):
-    """Replayed transitions, kept as the :class:`~substrate_gpu.lifecycle.actors.Trail` the
+    """Replayed transitions, kept as the :class:`~substrate_gpu.lifecycle.table.Trail` the
     machine left and built as :class:`Transition` when read.
 
     A million frozen ``Transition`` objects (or a million tuples) cost more to build than
@@ -37,7 +37,7 @@ class TransitionList(Sequence[hooks.Transition]):
     __slots__ = ("_dests", "_final", "trail")
 
     def __init__(self) -> None:
-        self.trail = actors.Trail()
+        self.trail = table.Trail()
         """The steps, as replay records them."""
         self._final: dict[str, str] = {}
         self._dests: list[str] | None = None
@@ -132,7 +132,7 @@ class Replayer:
 
     def __init__(self, spec: machine.MachineSpec | None = None) -> None:
         self.spec = spec or machine.load_spec()
-        self.table = actors.ActorTable(self.spec)
+        self.table = table.ActorTable(self.spec)
         """The actors, as the agent holds them."""
         self._effects = self.spec.effects
 

@@ -45,6 +45,7 @@ from substrate_gpu.lifecycle import (
     hooks,
     machine,
     pipeline,
+    table,
 )
 from substrate_gpu.lifecycle.gpu import GpuSettings
 from substrate_gpu.probes.api import CudaContextProbe
@@ -145,7 +146,7 @@ class Agent:
         else:
             spec = machine.load_spec(machine_spec or machine.DEFAULT_MACHINE)
         self._spec = spec
-        self._table = actors.ActorTable(spec)
+        self._table = table.ActorTable(spec)
         self._resume = resume
         if resume is not None:
             self._table.resume(resume.actors, resume.last_seq)

@@ -27,7 +27,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
 
-from substrate_gpu.lifecycle import actors, errors, events, names, registry
+from substrate_gpu.lifecycle import actors, errors, events, names, registry, table
 
 #: Where ``machines/actor.yaml`` is found, in order: a source checkout (the repository
 #: root's ``machines/``, also what an editable install sees), then the copy a wheel installs
@@ -506,7 +506,7 @@ class TransitionsEngine:
         self._triggers: dict[str, Callable[[actors.Actor, events.Event], bool]] = {
             name: event.trigger for name, event in self.machine.events.items()
         }
-        self.moves = actors.moves_from_fire(spec, self.fire)
+        self.moves = table.moves_from_fire(spec, self.fire)
         """Every accepted ``(state, trigger)`` fires through transitions."""
 
     def fire(self, actor: actors.Actor, event: events.Event) -> bool:
@@ -521,13 +521,13 @@ _Candidate = tuple[tuple[_Test, ...], tuple[_Test, ...], str | None, tuple[_Call
 
 class Interpreter:
     """THE evaluation of the machine: for every ``(state, trigger)`` the spec accepts, one
-    :data:`~substrate_gpu.lifecycle.actors.Move` over that entry's transitions, their
+    :data:`~substrate_gpu.lifecycle.table.Move` over that entry's transitions, their
     conditions and callbacks bound to :class:`Actor`'s functions once.
 
     For the ``(state, trigger)``, the spec's transitions are tried in YAML order; the first
     whose ``conditions`` all hold and whose ``unless`` all fail sets ``dest`` (``=``: kept)
     and runs its ``after`` callbacks, as transitions' ``Machine`` does. The live pipeline,
-    replay and recovery all use it (through :class:`~substrate_gpu.lifecycle.actors.ActorTable`).
+    replay and recovery all use it (through :class:`~substrate_gpu.lifecycle.table.ActorTable`).
 
     A plain loop over the entry's transitions: closures specialised to each entry's shape,
     decision tables and an undo-free table for replay were measured against it and did not
@@ -537,7 +537,7 @@ class Interpreter:
 
     def __init__(self, spec: MachineSpec) -> None:
         actor = actors.Actor
-        self.moves: dict[str, dict[type[events.Event], actors.Move]] = {
+        self.moves: dict[str, dict[type[events.Event], table.Move]] = {
             source: {
                 events.REGISTRY[trigger]: _move(
                     tuple(
@@ -557,7 +557,7 @@ class Interpreter:
         """State -> event class (its trigger) -> its move."""
 
 
-def _move(candidates: tuple[_Candidate, ...]) -> actors.Move:
+def _move(candidates: tuple[_Candidate, ...]) -> table.Move:
     """One ``(state, trigger)``'s move: the first of ``candidates`` whose guards hold enters
     its dest and runs its callbacks (True); none holds: nothing changes (False). Undoing a
     raising callback is the caller's (:meth:`ActorTable.advance`)."""

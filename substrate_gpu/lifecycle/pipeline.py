@@ -53,7 +53,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from substrate_gpu._log import get_logger
-from substrate_gpu.lifecycle import actors, allocation, effects, errors, events, hooks
+from substrate_gpu.lifecycle import actors, allocation, effects, errors, events, hooks, table
 
 _log = get_logger(__name__)
 
@@ -108,7 +108,7 @@ class Pipeline:
 
     def __init__(
         self,
-        table: actors.ActorTable,
+        table: table.ActorTable,
         context: effects.EffectContext,
         *,
         timeouts: Mapping[str, float] | None = None,
@@ -213,7 +213,7 @@ class Pipeline:
                 "the agent is not serving: use it inside `async with Agent(...) as agent:`"
             )
 
-    async def submit(self, event: events.Event) -> actors.Step:
+    async def submit(self, event: events.Event) -> table.Step:
         """Accept one external event (see the module docstring); the accepted step."""
         self._check_open()
         if not event.external:
@@ -263,7 +263,7 @@ class Pipeline:
 
     # --- resuming after a restart (recovery from the event log) -----------------------------
 
-    async def reconcile(self, outcome: events.Event) -> actors.Step:
+    async def reconcile(self, outcome: events.Event) -> table.Step:
         """Accept an outcome that recovery established by asking the runtime.
 
         The outcome is recorded and observed like any other, and the effect its transition
@@ -454,7 +454,7 @@ class Pipeline:
         if self._metrics is not None and self._send is not None:
             self._metrics.queue_depth(self._send.statistics().current_buffer_used)
 
-    async def _accept(self, event: events.Event, *, sandbox_may_run: bool = False) -> actors.Step:
+    async def _accept(self, event: events.Event, *, sandbox_may_run: bool = False) -> table.Step:
         step = self.table.apply(event)
         # Before any await: the next allocation decision must see this one.
         try:

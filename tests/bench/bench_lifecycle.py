@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _targets
 from lifecycle.doubles import FakeInjector, FakeProbe, FakeRuntime, _Container
 
-from substrate_gpu.lifecycle import Agent, actors, events, hooks, machine
+from substrate_gpu.lifecycle import Agent, actors, events, hooks, machine, table
 from substrate_gpu.probes.api import GpuClient
 
 SPEC = machine.load_spec()
@@ -92,7 +92,7 @@ class PlainTableEngine:
             (source, trigger): [(t.conditions, t.unless, t.dest, t.after) for t in candidates]
             for (source, trigger), candidates in spec._by_source_trigger.items()
         }
-        self.moves = actors.moves_from_fire(spec, self.fire)
+        self.moves = table.moves_from_fire(spec, self.fire)
 
     def fire(self, actor: actors.Actor, event: events.Event) -> bool:
         for conditions, unless, dest, after in self._table[(actor.state, event.type)]:
@@ -107,7 +107,7 @@ class PlainTableEngine:
         return False
 
 
-ENGINES: dict[str, type[actors.Engine]] = {
+ENGINES: dict[str, type[table.Engine]] = {
     "interpreter": machine.Interpreter,
     "dict-table floor": PlainTableEngine,
     "transitions Machine": machine.TransitionsEngine,
@@ -179,15 +179,15 @@ def bench_core(n: int, rounds: int = 2) -> tuple[dict[str, float], int]:
     out: dict[str, float] = {}
     for r in range(rounds):
         for name in list(ENGINES)[:: 1 if r % 2 == 0 else -1]:
-            table = actors.ActorTable(SPEC, ENGINES[name](SPEC))  # type: ignore[call-arg]
+            actor_table = table.ActorTable(SPEC, ENGINES[name](SPEC))  # type: ignore[call-arg]
             gc.collect()
             start = time.perf_counter()
             for event in stream:
-                table.apply(event)
+                actor_table.apply(event)
             rate = len(stream) / (time.perf_counter() - start)
             out[name] = max(out.get(name, 0.0), rate)
-            assert table.state_counts()["deleted"] == n
-            assert table.last_seq == len(stream)  # every event of the lives was accepted
+            assert actor_table.state_counts()["deleted"] == n
+            assert actor_table.last_seq == len(stream)  # every event of the lives was accepted
     return {name: out[name] for name in ENGINES}, len(stream)
 
 
@@ -218,9 +218,9 @@ async def _agent_lives(n: int, engine: str) -> float:
         ) as agent:
             if engine != "interpreter":
                 # The same pipeline and table over another engine (benchmark only).
-                table = agent._table
-                table._engine = ENGINES[engine](SPEC)  # type: ignore[call-arg]
-                table._moves = table._engine.moves
+                actor_table = agent._table
+                actor_table._engine = ENGINES[engine](SPEC)  # type: ignore[call-arg]
+                actor_table._moves = actor_table._engine.moves
             start = time.perf_counter()
             ids = [f"actor-{i}" for i in range(n)]
             phases: list[tuple[list[events.Event], str]] = [

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import _targets
 from prometheus_client import CollectorRegistry, generate_latest
 
-from substrate_gpu.lifecycle import actors, events, machine
+from substrate_gpu.lifecycle import events, machine, table
 from substrate_gpu.observability.metrics import AgentMetrics
 from substrate_gpu.service import wiring
 
@@ -88,9 +88,9 @@ def _empty() -> CollectorRegistry:
 
 def _populated(n: int) -> tuple[CollectorRegistry, float, int]:
     """A registry fed by ``n`` actors' lives: (registry, seconds, transitions recorded)."""
-    table = actors.ActorTable(SPEC)
+    actor_table = table.ActorTable(SPEC)
     registry = CollectorRegistry()
-    m: AgentMetrics = wiring.agent_metrics(registry, SPEC, table.state_counts)
+    m: AgentMetrics = wiring.agent_metrics(registry, SPEC, actor_table.state_counts)
     bridge = wiring.LifecycleMetricsBridge(m)
     recorded = 0
     start = time.perf_counter()
@@ -98,7 +98,7 @@ def _populated(n: int) -> tuple[CollectorRegistry, float, int]:
         actor_id = f"actor-{i:06d}"
         gpu = i % 2 == 0
         for event in _life(actor_id, gpu, suspend=i % 4 < 2):
-            step = table.apply(event)
+            step = actor_table.apply(event)
             m.transition(step.source, step.dest, step.event.type, actor_id=actor_id)
             if step.refusal is not None:
                 bridge.checkpoint_refused(step.refusal)
@@ -107,8 +107,8 @@ def _populated(n: int) -> tuple[CollectorRegistry, float, int]:
         bridge.effect_finished(effect, outcome, 0.003)
         m.devices_injected(1 + i % 8, actor_id=actor_id)
     record_s = time.perf_counter() - start
-    counts = table.state_counts()
-    assert sum(counts.values()) == len(table) == n
+    counts = actor_table.state_counts()
+    assert sum(counts.values()) == len(actor_table) == n
     assert {s for s, c in counts.items() if c} == {"running", "suspended"}
     return registry, record_s, recorded
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from lifecycle.factories import make_event
-from substrate_gpu.lifecycle import actors, errors, events, machine
+from substrate_gpu.lifecycle import actors, errors, events, machine, table
 
 SPEC = machine.load_spec()
 ENGINES = [
@@ -18,8 +18,8 @@ ENGINES = [
 ]
 
 
-def _table(engine: type[actors.Engine]) -> actors.ActorTable:
-    return actors.ActorTable(SPEC, engine(SPEC))  # type: ignore[call-arg]
+def _table(engine: type[table.Engine]) -> table.ActorTable:
+    return table.ActorTable(SPEC, engine(SPEC))  # type: ignore[call-arg]
 
 
 def _actor(state: str, **fields: object) -> actors.ActorView:
@@ -91,18 +91,18 @@ CASES = [
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize(("t", "source"), CASES)
 def test_every_transition_fires_as_declared(
-    engine: type[actors.Engine], t: machine.TransitionSpec, source: str
+    engine: type[table.Engine], t: machine.TransitionSpec, source: str
 ) -> None:
     """The event moves an actor from the source to the declared dest, and counts follow."""
-    table = _table(engine)
+    actor_table = _table(engine)
     actor, event_fields = _setup_for(t, source)
     if actor is not None:
-        table.put(actor)
-    step = table.apply(make_event(t.trigger, **event_fields))
+        actor_table.put(actor)
+    step = actor_table.apply(make_event(t.trigger, **event_fields))
     assert (step.source, step.dest) == (source, t.dest_from(source))
-    assert table.state_of("a") == t.dest_from(source)
-    assert table.state_counts()[t.dest_from(source)] == 1
-    assert sum(table.state_counts().values()) == 1
+    assert actor_table.state_of("a") == t.dest_from(source)
+    assert actor_table.state_counts()[t.dest_from(source)] == 1
+    assert sum(actor_table.state_counts().values()) == 1
 
 
 @pytest.mark.parametrize(("t", "source"), CASES)
@@ -111,16 +111,16 @@ def test_every_transition_fires_as_declared_when_replayed(
 ) -> None:
     """Replay applies logged events through the same moves, in one loop: the same dest, and
     the event is noted as what entered the state when the state changed."""
-    table = actors.ActorTable(SPEC)
+    actor_table = table.ActorTable(SPEC)
     actor, event_fields = _setup_for(t, source)
     if actor is not None:
-        table.put(actor)
+        actor_table.put(actor)
     event = make_event(t.trigger, **event_fields).stamped(7)
-    table.apply_logged([event])
-    assert table.state_of("a") == t.dest_from(source)
-    assert table.get("a").entered_by is (event if t.dest_from(source) != source else None)
-    assert table.state_counts()[t.dest_from(source)] == 1
-    assert table.last_seq == 7
+    actor_table.apply_logged([event])
+    assert actor_table.state_of("a") == t.dest_from(source)
+    assert actor_table.get("a").entered_by is (event if t.dest_from(source) != source else None)
+    assert actor_table.state_counts()[t.dest_from(source)] == 1
+    assert actor_table.last_seq == 7
 
 
 INVALID = [
@@ -134,25 +134,25 @@ INVALID = [
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize(("state", "event_type"), INVALID)
 def test_every_invalid_event_is_refused_and_changes_nothing(
-    engine: type[actors.Engine], state: str, event_type: str
+    engine: type[table.Engine], state: str, event_type: str
 ) -> None:
     """An event the state has no transition for raises InvalidEvent; the actor is intact."""
-    table = _table(engine)
+    actor_table = _table(engine)
     if state != SPEC.initial:
-        table.put(_actor(state, gpu=True, live_contexts=1, checkpoint="/c", reason="r"))
-    before = table.get("a").snapshot() if table.get("a") else None
-    counts = table.state_counts()
+        actor_table.put(_actor(state, gpu=True, live_contexts=1, checkpoint="/c", reason="r"))
+    before = actor_table.get("a").snapshot() if actor_table.get("a") else None
+    counts = actor_table.state_counts()
     with pytest.raises(errors.InvalidEvent) as info:
-        table.apply(make_event(event_type))
+        actor_table.apply(make_event(event_type))
     assert (info.value.actor_id, info.value.state, info.value.event_type) == (
         "a",
         state,
         event_type,
     )
     assert f"actor 'a' in state '{state}' refused event '{event_type}'" in str(info.value)
-    assert (table.get("a").snapshot() if table.get("a") else None) == before
-    assert table.state_counts() == counts
-    assert table.last_seq == 0
+    assert (actor_table.get("a").snapshot() if actor_table.get("a") else None) == before
+    assert actor_table.state_counts() == counts
+    assert actor_table.last_seq == 0
 
 
 @pytest.mark.parametrize(
@@ -168,25 +168,25 @@ def test_every_invalid_event_is_refused_and_changes_nothing(
 )
 @pytest.mark.parametrize("engine", ENGINES)
 def test_event_whose_guards_all_fail_is_refused(
-    state: str, event: events.Event, fields: dict[str, object], engine: type[actors.Engine]
+    state: str, event: events.Event, fields: dict[str, object], engine: type[table.Engine]
 ) -> None:
     """A trigger valid in the state but with no guard holding is refused, actor intact."""
-    table = _table(engine)
-    table.put(_actor(state, **fields))
-    before = table.get("a").snapshot()
+    actor_table = _table(engine)
+    actor_table.put(_actor(state, **fields))
+    before = actor_table.get("a").snapshot()
     with pytest.raises(errors.InvalidEvent, match="no transition's conditions hold"):
-        table.apply(event)
-    assert table.get("a").snapshot() == before
+        actor_table.apply(event)
+    assert actor_table.get("a").snapshot() == before
 
 
 def test_a_logged_event_the_machine_refuses_names_itself() -> None:
     """Replay's refusal carries the record refused (its line is named from it)."""
-    table = actors.ActorTable(SPEC)
-    table.put(_actor("running"))
+    actor_table = table.ActorTable(SPEC)
+    actor_table.put(_actor("running"))
     good = events.CudaContextOpened(actor_id="a", pid=7, seq=1)
     bad = events.CudaContextClosed(actor_id="a", pid=8, seq=2)
     with pytest.raises(errors.LoggedEventRefused, match="no transition's conditions hold") as info:
-        table.apply_logged([good, bad, good])
+        actor_table.apply_logged([good, bad, good])
     assert info.value.record is bad
 
 
@@ -202,7 +202,7 @@ def test_a_logged_event_the_machine_refuses_names_itself() -> None:
 )
 def test_a_raising_callback_leaves_the_actor_unchanged(
     monkeypatch: pytest.MonkeyPatch,
-    engine: type[actors.Engine],
+    engine: type[table.Engine],
     callback: str,
     event: events.Event,
 ) -> None:
@@ -214,35 +214,35 @@ def test_a_raising_callback_leaves_the_actor_unchanged(
 
     # Before the engine is built: the interpreter binds callbacks when it compiles.
     monkeypatch.setattr(actors.Actor, callback, boom)
-    table = _table(engine)
-    table.put(_actor("running", gpu=True))
-    before = table.get("a").snapshot()
+    actor_table = _table(engine)
+    actor_table.put(_actor("running", gpu=True))
+    before = actor_table.get("a").snapshot()
     with pytest.raises(RuntimeError):
-        table.apply(event)
-    assert table.get("a").snapshot() == before
-    assert table.state_counts()["running"] == 1
+        actor_table.apply(event)
+    assert actor_table.get("a").snapshot() == before
+    assert actor_table.state_counts()["running"] == 1
 
 
 def test_accepted_events_are_stamped_in_order() -> None:
     """Each accepted event gets the next sequence number."""
-    table = _table(machine.TransitionsEngine)
-    first = table.apply(events.ActorRegistered(actor_id="a", gpu=False, bundle="/b"))
-    second = table.apply(events.ActorRegistered(actor_id="b", gpu=False, bundle="/b"))
+    actor_table = _table(machine.TransitionsEngine)
+    first = actor_table.apply(events.ActorRegistered(actor_id="a", gpu=False, bundle="/b"))
+    second = actor_table.apply(events.ActorRegistered(actor_id="b", gpu=False, bundle="/b"))
     assert (first.event.seq, second.event.seq) == (1, 2)
 
 
 def test_entering_an_in_flight_state_names_its_effect() -> None:
     """The step says which effect to start when an in-flight state is entered."""
-    table = _table(machine.TransitionsEngine)
-    table.put(_actor("bundle_prepared", gpu=True))
-    assert table.apply(events.RunRequested(actor_id="a")).effect == "inject"
+    actor_table = _table(machine.TransitionsEngine)
+    actor_table.put(_actor("bundle_prepared", gpu=True))
+    assert actor_table.apply(events.RunRequested(actor_id="a")).effect == "inject"
 
 
 def test_a_reflexive_transition_starts_no_effect() -> None:
     """Observing a context while checkpointing does not restart the checkpoint."""
-    table = _table(machine.TransitionsEngine)
-    table.put(_actor("checkpointing", gpu=True))
-    step = table.apply(events.CudaContextOpened(actor_id="a"))
+    actor_table = _table(machine.TransitionsEngine)
+    actor_table.put(_actor("checkpointing", gpu=True))
+    step = actor_table.apply(events.CudaContextOpened(actor_id="a"))
     assert (step.dest, step.effect) == ("checkpointing", None)
 
 

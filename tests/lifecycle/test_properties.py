@@ -15,7 +15,7 @@ from lifecycle.doubles import FakeInjector, FakeProbe, FakeRuntime
 from lifecycle.factories import make_event
 from substrate_gpu.eventlog import format
 from substrate_gpu.eventlog.replayer import Replayer, TransitionList
-from substrate_gpu.lifecycle import Agent, actors, errors, events, machine
+from substrate_gpu.lifecycle import Agent, errors, events, machine, table
 
 SPEC = machine.load_spec()
 ACTORS = ("a0", "a1", "a2", "a3")
@@ -142,9 +142,9 @@ def test_random_interleavings_keep_the_invariants(
     anyio.run(_scenario, gpus, steps, leave_running, blind)
 
 
-def _outcome(table: actors.ActorTable, event: events.Event) -> tuple[object, ...]:
+def _outcome(actor_table: table.ActorTable, event: events.Event) -> tuple[object, ...]:
     try:
-        step = table.apply(event)
+        step = actor_table.apply(event)
     except errors.InvalidEvent as e:
         return ("refused", e.state, e.problem)
     return (step.source, step.dest, step.effect, step.reason, step.refusal, step.event.seq)
@@ -160,8 +160,8 @@ def test_the_interpreter_agrees_with_the_transitions_reference(
 
     Events are drawn mostly among those the actor's state accepts (so streams reach deep
     states), sometimes among every type (refusals)."""
-    reference = actors.ActorTable(SPEC, machine.TransitionsEngine(SPEC))
-    live = actors.ActorTable(SPEC)
+    reference = table.ActorTable(SPEC, machine.TransitionsEngine(SPEC))
+    live = table.ActorTable(SPEC)
     records: list[events.Event | format.Rejection] = []
     steps: list[tuple[object, ...]] = []
     for _ in range(length):
