@@ -54,6 +54,14 @@ What that report needs, given as upstream's controller gives its worker
 ``maxActorsPerWorker`` is the control plane's placement bound), and so is atelet's SPIFFE ID
 (the canonical install's).
 
+Every actor has a network, as every actor of upstream's gVisor worker has one: its
+``hostActor`` gives each a veth network whatever the pool or template says, and neither
+upstream's WorkerPool nor its ActorTemplate (533900d) has a field that asks for one or turns
+it off. So the agent runs every sandbox on the worker pod's network namespace
+(``--sandbox-network pod``: runsc ``--network=host``), the one network of upstream's design a
+worker can give without per-actor namespaces, and waits for wakeup probes there as
+upstream's Run and Restore do (docs/worker-api.md, "The actor's network").
+
 Metrics, ``/healthz`` and ``/readyz`` are served on the agent's port (9477), on every
 address (the kubelet probes the pod's IP). The grace period exceeds the agent's drain
 timeout, which the command passes explicitly, so the two cannot drift apart.
@@ -86,6 +94,7 @@ __all__ = [
     "METRICS_PORT",
     "METRICS_PORT_NAME",
     "POOL_STATE_MOUNT_PATH",
+    "SANDBOX_NETWORK",
     "SOCKET",
     "SOCKET_HOST_PATH",
     "SOCKET_MOUNT_PATH",
@@ -123,6 +132,9 @@ WORKER_SOCKET: Final = f"{ATE_BASE_PATH}/workers/$({_POD_UID})/worker.sock"
 """Where atelet dials the worker API (``nodepath.WorkerSocketPath(podUID)``); the kubelet
 expands ``$(SUBSTRATE_GPU_POD_UID)`` (the downward API's ``metadata.uid``) in the args."""
 
+SANDBOX_NETWORK: Final = "pod"
+"""``--sandbox-network``: every actor on the worker pod's network (see the module docstring)."""
+
 METRICS_PORT: Final = _defaults.METRICS_PORT
 METRICS_PORT_NAME: Final = "metrics"
 DRAIN_TIMEOUT_S: Final = math.ceil(_defaults.DRAIN_TIMEOUT_S)
@@ -151,6 +163,8 @@ AGENT_ARGS: Final = (
     SOCKET,
     "--worker-socket",
     WORKER_SOCKET,
+    "--sandbox-network",
+    SANDBOX_NETWORK,
     "--event-log",
     EVENT_LOG,
     "--checkpoint-root",

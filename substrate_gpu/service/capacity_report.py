@@ -256,7 +256,8 @@ async def report(
     call_timeout: float = CALL_TIMEOUT,
 ) -> None:
     """Report until atelet accepts, or until a misconfiguration stops it; never raises
-    (but is cancellable: the agent cancels it when it stops)."""
+    (but is cancellable: the agent cancels it when it stops). ``initial_backoff`` and
+    ``call_timeout`` are upstream's unless a test shortens them."""
     try:
         dialer = atelet_dial.AteletDialer(
             config.socket, config.credential_bundle, config.trust_bundle, config.atelet_spiffe_id

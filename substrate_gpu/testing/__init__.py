@@ -20,5 +20,6 @@ it runs on the kit; the CLI reaches it only inside the handlers of ``demo`` and
 - :mod:`.sandboxes`: :class:`~.sandboxes.SimulatedSandboxes`, an in-process runsc and CUDA
   context probe for machines without runc.
 - :mod:`.atelet`: :class:`~.atelet.FakeAtelet`, atelet's worker-support service as a real
-  gRPC server over mutual TLS, for the agent's capacity report.
+  gRPC server over mutual TLS, for the agent's capacity report, and
+  :class:`~.atelet.SilentAtelet`, a peer on its socket that accepts and never answers.
 """

@@ -56,6 +56,20 @@ def test_the_controller_shapes_each_example_pools_workers_as_pool_render_does(pa
         assert outcome.deployment["spec"] == rendered["spec"]
 
 
+def test_the_controllers_gpu_workers_run_their_actors_on_the_pods_network() -> None:
+    """The Deployment the controller applies starts the GPU worker's agent with
+    ``--sandbox-network pod`` (upstream's worker gives every actor a network)."""
+    outcome = reconcile.plan(stored(pool(flat("1"))), SETTINGS)
+    assert isinstance(outcome, reconcile.Apply)
+    [container] = [
+        c
+        for c in outcome.deployment["spec"]["template"]["spec"]["containers"]  # type: ignore[index]
+        if c["name"] == "ateom"
+    ]
+    args = container["args"]
+    assert args[args.index("--sandbox-network") + 1] == "pod"
+
+
 def test_the_deployment_name_is_fixed_per_pool() -> None:
     """A retried create can only ever address the same Deployment."""
     outcome = reconcile.plan(stored(pool(flat("1"), name="gpu")), SETTINGS)

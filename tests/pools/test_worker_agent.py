@@ -280,6 +280,17 @@ def test_the_worker_api_is_served_where_atelet_dials_it(deployment: dict[str, An
     assert len(on_host.encode()) <= 107
 
 
+@pytest.mark.parametrize("deployment", GPU_DEPLOYMENTS)
+def test_every_actor_of_a_gpu_worker_gets_the_pods_network(deployment: dict[str, Any]) -> None:
+    """``--sandbox-network pod``, whatever the pool: upstream's worker gives every actor a
+    network (its WorkerPool and ActorTemplate have no field that asks for one or refuses it),
+    and the pod's namespace is the one a worker gives without per-actor namespaces. No
+    ``--runsc-flag`` says otherwise (the parser refuses the two together)."""
+    conf = agent_config(gpu_container(deployment))
+    assert conf.sandbox_network == "pod"
+    assert not [f for f in conf.runsc_flags if f.lstrip("-").startswith("network")]
+
+
 # --- what the capacity report to atelet needs (docs/worker-api.md) --------------------------
 
 

@@ -1,9 +1,11 @@
 """On real gVisor, from outside through the worker API: nothing of an activation outlives it.
 
 - **Abandoned calls** (issue 31 §3): Run and Restore calls whose deadlines fall at random
-  points of their work (20–900 ms: registering, booting ``_pause``, starting the app, after
-  it runs); each is followed by a Terminate, which answers OK, and nothing of the UID is
-  left: no live activation, no container, no runsc root, no mount. A last Run runs.
+  points of their work (0.02–0.6 × the time this machine's first Run took, measured at the
+  start: registering, booting ``_pause``, starting the app, after it runs — fixed
+  deadlines let most calls finish on a fast machine); each is followed by a Terminate,
+  which answers OK, and nothing of the UID is left: no live activation, no container, no
+  runsc root, no mount. A last Run runs.
 - **No leak per activation** (issue 31 §4): with ``--network=none`` runsc mounts each
   sandbox's network namespace (``nsfs``) at ``<root>/null-netns``. After Terminate, a
   checkpoint's teardown, a failed Run, a failed Restore and an agent SIGKILLed and

@@ -5,7 +5,8 @@ Run, stats from the sandbox's cgroup, Checkpoint (FULL: the files, the workload 
 Restore from a kept snapshot (the app's count goes on; ``restore_dir`` byte for byte as it
 was), Terminate twice; the size applied to the sandbox's cgroup; a refused checkpoint that
 keeps the actor running; a failing Run or Restore that leaves nothing behind; an agent
-SIGKILLed and restarted on its log that still serves the UID it ran.
+SIGKILLed and restarted on its log that still serves the UID it ran; a sandbox on the worker
+pod's network (what ``pool render`` gives a GPU worker) serving, checkpointed and restored.
 """
 
 from __future__ import annotations
@@ -349,6 +350,54 @@ def test_a_pod_network_sandbox_serves_on_the_worker_pods_namespace(
         assert code == grpc.StatusCode.INTERNAL
         assert "wakeup probe for 'app'" in message and "never returned 200 within 1s" in message
         assert worker.GetActiveWorkloadStats(pb.GetActiveWorkloadStatsRequest()).samples == []
+    finally:
+        assert process.terminate() == 0, process.stderr()[-3000:]
+
+
+def test_a_pod_network_sandbox_checkpoints_and_restores_its_listener(
+    real_runsc: Path, root: Path, tmp_path: Path
+) -> None:
+    """What ``pool render`` gives a GPU worker (``--sandbox-network pod``): a sandbox on the
+    pod's network is checkpointed and restored like any other (runsc saves a host-network
+    listener and re-creates it at restore), and Restore waits for its wakeup probe again."""
+    flags = [f"--runsc-flag={f}" for f in runsc_.GLOBAL_FLAGS if not f.startswith("--network")]
+    process = AgentProcess.on_socket(
+        tmp_path,
+        "--runsc",
+        str(real_runsc),
+        *flags,
+        "--sandbox-network",
+        "pod",
+        "--worker-socket",
+        str(tmp_path / "worker.sock"),
+    )
+    port = 20000 + uuid.uuid4().int % 2000
+    try:
+        worker = connect(tmp_path / "worker.sock")
+        args = ["busybox", "httpd", "-f", "-p", f"127.0.0.1:{port}", "-h", "/bin"]
+        actor = Actor(
+            tmp_path / "net",
+            runsc=str(real_runsc),
+            uid=f"netcr-{uuid.uuid4().hex[:8]}",
+            app_args=args,
+        ).prepare()
+        probe = pb.WakeupProbe(
+            http_get=pb.HTTPGetAction(path="/busybox", port=port), timeout_seconds=20
+        )
+        spec = pb.WorkloadSpec(containers=[pb.Container(name="app", wakeup_probe=probe)])
+        assert status_of(worker.RunWorkload, actor.run(spec=spec)) == (OK, "")
+        reply = worker.CheckpointWorkload(actor.checkpoint_request(spec=spec), timeout=120)
+        assert "checkpoint.img" in reply.snapshot_files
+        with pytest.raises(OSError):  # torn down: nothing listens
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/busybox", timeout=2)
+        shutil.copytree(actor.checkpoint, actor.restore)
+        shutil.rmtree(actor.bundles)
+        actor.prepare()
+        restore = actor.restore_request(spec=spec, preserve_restore_dir=True)
+        assert status_of(worker.RestoreWorkload, restore) == (OK, "")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/busybox", timeout=2) as answer:
+            assert answer.status == 200
+        assert status_of(worker.TerminateWorkload, actor.terminate()) == (OK, "")
     finally:
         assert process.terminate() == 0, process.stderr()[-3000:]
 

@@ -8,6 +8,7 @@ SPIFFE URI SAN and a Pod identity (tests/support/spiffe.py).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -313,6 +314,66 @@ async def test_a_report_outlasts_an_atelet_that_restarts(node):
             await anyio.sleep(0.3)  # several backoffs: would be enough for a resend
     assert len(second.received) == 1
     assert second.received[0].request == first.received[0].request
+
+
+#: Injected into report() so the silent-atelet test takes a second, not a minute.
+SILENT_TIMEOUT = 0.3
+#: How late a wait may end on a loaded 2-core machine.
+SLACK = 2.0
+
+
+@pytest.mark.parametrize(
+    "answers_handshake",
+    [
+        pytest.param(False, id="silent-from-the-handshake"),
+        pytest.param(True, id="silent-after-the-request"),
+    ],
+)
+@pytest.mark.anyio
+async def test_an_atelet_that_never_answers_costs_each_attempt_its_call_timeout(
+    node, answers_handshake
+):
+    """atelet accepts the connection and never answers (not the TLS handshake; or the
+    handshake, then not the request it read): each attempt is given up after the per-call
+    timeout (upstream's 10 s, injected here), its connection closed, and the next one made
+    after the backoff (0.02 s doubling here); the report stays ``reporting``, never raises."""
+    credentials = (
+        {
+            "certificate_chain": node.atelet.chain_pem,
+            "private_key": node.atelet.key_pem,
+            "client_ca": node.signer.trust_bundle(),
+        }
+        if answers_handshake
+        else {}
+    )
+    registration = capacity_report.Registration()
+    async with fake.silent(node.socket, **credentials) as atelet:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(
+                lambda: capacity_report.report(
+                    node.config(),
+                    registration,
+                    initial_backoff=FAST,
+                    call_timeout=SILENT_TIMEOUT,
+                )
+            )
+            held = await atelet.wait_for(4, timeout=30)
+            tasks.cancel_scope.cancel()
+    attempts = held[:4]
+    for attempt in attempts[:3]:
+        assert attempt.closed_at is not None
+        waited = attempt.closed_at - attempt.accepted_at
+        assert SILENT_TIMEOUT * 0.8 <= waited < SILENT_TIMEOUT + SLACK, waited
+    for (before, after), backoff in zip(
+        itertools.pairwise(attempts), capacity_report.backoffs(FAST), strict=False
+    ):
+        assert before.closed_at is not None
+        gap = after.accepted_at - before.closed_at
+        assert backoff * 0.7 <= gap < backoff + SLACK, (gap, backoff)
+    paths = {a.path for a in attempts[:3]}
+    assert paths == ({capacity_report.REGISTER_WORKER} if answers_handshake else {None})
+    assert registration.state is RegistrationState.REPORTING
+    assert f"no answer within {SILENT_TIMEOUT:g} s" in registration.detail
 
 
 @pytest.mark.anyio

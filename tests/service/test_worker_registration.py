@@ -103,6 +103,55 @@ async def test_the_agent_serves_while_atelet_is_away_and_registers_when_it_comes
         agent.terminate()
 
 
+@pytest.mark.anyio
+async def test_the_agent_serves_while_atelet_holds_its_report_unanswered(tmp_path):
+    """atelet accepts the connection, reads the report and never answers: the attempt waits
+    upstream's 10 s per call, during which the worker API, the JSON door and the metrics
+    answer (``reporting``); then the agent closes that connection and tries again after the
+    first backoff (0.5 s)."""
+    signer, _ = _identity(tmp_path)
+    atelet_pod = signer.pod(spiffe.ATELET_SA, pod="atelet-x7k2q")
+    support = tmp_path / "ate" / "worker-support.sock"
+    port = free_port()
+    flags = (
+        "--worker-socket", str(tmp_path / "worker" / "worker.sock"),
+        "--atelet-socket", str(support),
+        "--atunnel-credential-bundle", str(tmp_path / "identity" / "credential-bundle.pem"),
+        "--atunnel-trust-bundle", str(tmp_path / "identity" / "trust-bundle.pem"),
+        "--capacity-dir", str(tmp_path / "capacity"),
+        "--metrics-port", str(port),
+    )  # fmt: skip
+    async with fake.silent(
+        support,
+        certificate_chain=atelet_pod.chain_pem,
+        private_key=atelet_pod.key_pem,
+        client_ca=signer.trust_bundle(),
+    ) as atelet:
+        agent = await anyio.to_thread.run_sync(lambda: AgentProcess.on_socket(tmp_path, *flags))
+        try:
+            [first] = await atelet.wait_for(1, timeout=60)
+
+            def served() -> None:
+                stub = connect(tmp_path / "worker" / "worker.sock")
+                active = stub.GetActiveWorkloadStats(pb.GetActiveWorkloadStatsRequest(), timeout=5)
+                assert list(active.samples) == []
+                with agent.client() as client:
+                    assert client.request({"query": "actors"})["actors"] == []
+                assert _state(port) == "reporting"
+
+            await anyio.to_thread.run_sync(served)
+            assert first.closed_at is None, "the attempt ended before the agent was asked"
+            await atelet.wait_closed(first, timeout=30)
+            second = (await atelet.wait_for(2, timeout=30))[1]
+        finally:
+            await anyio.to_thread.run_sync(agent.terminate)
+    assert first.path == "/atelet.WorkerSupport/RegisterWorker"  # the report was sent
+    assert first.closed_at is not None
+    assert 9.5 <= first.closed_at - first.accepted_at < 13
+    assert second.accepted_at - first.closed_at >= 0.4
+    assert "no answer within 10 s" in agent.stderr()
+
+
 def test_an_agent_without_credentials_says_so_and_serves(tmp_path):
     """No Pod certificate (the defaults name none here): the report stops at once, said in
     the log and the metric, and the worker API still answers."""
