@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from substrate_gpu.lifecycle import names, registry
+from substrate_gpu.lifecycle import machine, names, registry
 from substrate_gpu.observability import health
 
 __all__ = [
@@ -58,8 +58,9 @@ ACTOR_STATES: Final[frozenset[str]] = frozenset(names.State)
 ``machines/actor.yaml`` when it loads); the agent passes its spec's own list via ``states=``.
 
 The transitional ("in flight") states are the machine's states with an effect
-(``MachineSpec.in_flight_states``); ``metrics/rules/substrate-gpu.yml`` holds them as one
-regex, and a test compares that regex with the machine.
+(``MachineSpec.in_flight_states``); ``substrate_gpu_actors`` carries that fact as its
+``in_flight`` label, so ``metrics/rules/substrate-gpu.yml`` selects ``in_flight="true"`` and
+names no state: a state added to the machine needs no edit there.
 """
 
 TRIGGERS: Final[frozenset[str]] = frozenset(names.Trigger)
@@ -234,23 +235,34 @@ def _exemplar(actor_id: str | None) -> dict[str, str] | None:
 
 
 class _ActorStateCollector(Collector):
-    """``substrate_gpu_actors{state}``, read from the lifecycle's counts at scrape time.
+    """``substrate_gpu_actors{state, in_flight}``, read from the lifecycle's counts at scrape
+    time.
 
     Every known state is always exported (0 when empty) so alert expressions see a stable set
-    of series; counts for unknown states are summed under ``state="other"``.
+    of series; counts for unknown states are summed under ``state="other"``. ``in_flight``
+    is ``"true"`` for the states that run an effect, ``"false"`` otherwise (``other``
+    included): a function of ``state``, so it adds no series.
     """
 
     _NAME: Final = "substrate_gpu_actors"
     _HELP: Final = "Actors known to the agent, by lifecycle state."
 
-    def __init__(self, counts: Callable[[], Mapping[str, int]], states: frozenset[str]) -> None:
+    _LABELS: Final = ("state", "in_flight")
+
+    def __init__(
+        self,
+        counts: Callable[[], Mapping[str, int]],
+        states: frozenset[str],
+        in_flight: frozenset[str],
+    ) -> None:
         self._counts = counts
         self._states = tuple(sorted(states))
         self._known = states
+        self._flag = {state: "true" if state in in_flight else "false" for state in states}
 
     def describe(self) -> Iterable[Metric]:
         # Describing without samples keeps registration from calling the lifecycle.
-        return [GaugeMetricFamily(self._NAME, self._HELP, labels=["state"])]
+        return [GaugeMetricFamily(self._NAME, self._HELP, labels=self._LABELS)]
 
     def collect(self) -> Iterable[Metric]:
         totals = dict.fromkeys(self._states, 0)
@@ -263,11 +275,11 @@ class _ActorStateCollector(Collector):
                 totals[state] += count
             else:
                 other += count
-        family = GaugeMetricFamily(self._NAME, self._HELP, labels=["state"])
+        family = GaugeMetricFamily(self._NAME, self._HELP, labels=self._LABELS)
         for state, count in totals.items():
-            family.add_metric([state], count)
+            family.add_metric([state, self._flag[state]], count)
         if other:
-            family.add_metric([OTHER], other)
+            family.add_metric([OTHER, "false"], other)
         return [family]
 
 
@@ -303,7 +315,10 @@ class AgentMetrics:
       must be cheap and return a plain ``dict`` (or ``Counter``) or a snapshot.
     - ``queue_depth`` returns the number of events waiting in the pipeline; when given, it is
       read at scrape time and :meth:`queue_depth` calls are ignored.
-    - ``states`` and ``triggers`` replace the default label sets (pass the machine's own).
+    - ``states`` and ``triggers`` replace the default label sets (pass the machine's own);
+      ``in_flight_states``, the states that run an effect, are labelled
+      ``substrate_gpu_actors{in_flight="true"}`` (default: the default machine's, from
+      ``machines/actor.yaml``; the agent passes its own spec's).
     - ``transitions`` lists the machine's ``(source, dest, trigger)`` triples so their
       counters exist at 0 from the start (alerts use ``increase()``, which misses a series'
       first increment).
@@ -317,6 +332,7 @@ class AgentMetrics:
         actor_states: Callable[[], Mapping[str, int]] | None = None,
         queue_depth: Callable[[], int] | None = None,
         states: Iterable[str] | None = None,
+        in_flight_states: Iterable[str] | None = None,
         triggers: Iterable[str] | None = None,
         transitions: Iterable[tuple[str, str, str]] | None = None,
         version: str | None = None,
@@ -325,7 +341,11 @@ class AgentMetrics:
         self._states = frozenset(states) if states is not None else ACTOR_STATES
         self._triggers = frozenset(triggers) if triggers is not None else TRIGGERS
         if actor_states is not None:
-            registry.register(_ActorStateCollector(actor_states, self._states))
+            if in_flight_states is None:
+                in_flight_states = machine.load_spec().in_flight_states
+            registry.register(
+                _ActorStateCollector(actor_states, self._states, frozenset(in_flight_states))
+            )
 
         self._build_info = Gauge(
             "substrate_gpu_build_info",

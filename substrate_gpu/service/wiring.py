@@ -146,6 +146,7 @@ def agent_metrics(
         registry,
         actor_states=actor_states,
         states=spec.state_names,
+        in_flight_states=spec.in_flight_states,
         triggers={t.trigger for t in spec.transitions},
         transitions=sorted(triples),
     )

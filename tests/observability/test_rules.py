@@ -99,7 +99,10 @@ def _stuck_case(state: str, leaving: str) -> dict[str, object]:
         "name": f"an actor in {state} with no exit for 10 minutes fires",
         "interval": "1m",
         "input_series": [
-            {"series": f'substrate_gpu_actors{{{labels}, state="{state}"}}', "values": "1x30"},
+            {
+                "series": f'substrate_gpu_actors{{{labels}, state="{state}", in_flight="true"}}',
+                "values": "1x30",
+            },
             {
                 "series": f"substrate_gpu_actor_transitions_total{{{labels}, "
                 f'from="{state}", to="failed", trigger="{leaving}"}}',
