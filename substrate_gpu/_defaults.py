@@ -25,8 +25,9 @@ DRAIN_TIMEOUT_S: Final = 30.0
 WORKLOAD_GRACE_S: Final = 10.0
 """On SIGTERM, the worker API's one deadline for in-flight lifecycle calls and then for the
 app containers to exit after their SIGTERM, before SIGKILL (``--workload-grace``; upstream's
-``workloadGracePeriod``). With the 5 s SIGKILL wait and the drain it fits the worker pod's
-termination grace (``pools.worker_agent.TERMINATION_GRACE_S`` = drain + 15 s)."""
+``workloadGracePeriod``). The default suits an agent started by hand; a pool's workers are
+started with upstream's 1800 s, which with the 5 s SIGKILL wait and ``--drain-timeout`` fits
+the worker pod's 3600 s grace (``pools.worker_agent``)."""
 
 TOOLKIT_DIR: Final = Path("/opt/nvidia-toolkit")
 """Where the NVIDIA Container Toolkit is mounted into the worker (``--toolkit-dir``)."""

@@ -1,4 +1,4 @@
-"""WorkerPools on the controller side: model, validation, GPU pod shaping, CRD, manifests.
+"""WorkerPools on the controller side: model, validation, worker pod shaping, CRD, manifests.
 
 Module map:
 
@@ -8,6 +8,8 @@ Module map:
 - :mod:`.validation` and :mod:`.problems`: every problem in one pass, with field paths;
 - :mod:`.rules`: the CRD's CEL rules, the API server's copy of the validator;
 - :mod:`.shaping`: the worker Deployment and its GPU shape;
+- :mod:`.worker_pod`: what every worker pod gets, as upstream's controller gives it
+  (security context, grace, rollout, sandbox-class toleration);
 - :mod:`.worker_agent`: how the agent runs in a GPU worker (command, state, probes);
 - :mod:`.crd` and :mod:`.manifests`: CRD generation, YAML in and out, ``deploy/``.
 """

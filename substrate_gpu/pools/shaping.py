@@ -20,15 +20,22 @@ pool, a micro-VM worker), and guessing it would start workers no node agent can 
   into the container: a mount nested in it would fail;
 - ``ATE_NVIDIA_DRIVER_ROOT`` forwarded to the worker when the controller has it set;
 - the agent as that container's process, with its state on the node, its socket, metrics
-  port, probes, a grace period above its drain timeout, and the GPU nodes' taint
-  tolerated (:mod:`.worker_agent`).
+  port, probes, a drain that fits the grace period, and the GPU nodes' taint tolerated
+  (:mod:`.worker_agent`).
 
-Posture, on purpose: **no** privileged mode, **no** user namespace (``hostUsers: false``)
-and **no** ``procMount`` change. A user namespace would break per-actor cgroup delegation;
-the one toolkit hook that would need an unmasked /proc (``update-ldcache``) is replaced by
-SONAME links the node agent stages itself. A GPU worker keeps the posture of any other
-gVisor worker, and a pool without GPUs renders exactly as it would without this module's
-GPU step (tests compare the two renderings).
+The shape every pool gets is the pool's own (image, resources, scheduling, labels and
+annotations) plus what upstream's controller gives every worker pod whatever it runs
+(:mod:`.worker_pod`): the container ``worker``, upstream's security context for the sandbox
+class, root, the downward-API env, a 3600 s grace, a no-surge rolling update and the
+sandbox-class toleration. A CPU or micro-VM worker is upstream's, so it keeps upstream's
+posture too; what it is told to run (its flags, volumes, ports) is upstream's controller's
+business, not rendered here: its container runs the image's own command.
+
+Posture, on purpose: upstream's unprivileged worker, capabilities named one by one, never
+privileged mode, a user namespace (``hostUsers: false``) or a ``procMount`` change
+(:mod:`.worker_pod` says why each). GPU shaping adds no privilege: a GPU worker keeps the
+posture of any other gVisor worker, and a pool without GPUs renders exactly as it would
+without this module's GPU step (tests compare the two renderings).
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from importlib import metadata
 
 from substrate_gpu import _defaults
 from substrate_gpu.exceptions import ConfigError
-from substrate_gpu.pools import model, worker_agent
+from substrate_gpu.pools import model, worker_agent, worker_pod
 
 __all__ = [
     "AGENT_IMAGE_REPOSITORY",
@@ -74,8 +81,8 @@ LEGACY_WORKER_IMAGE_ENV = _defaults.LEGACY_WORKER_IMAGE_ENV
 AGENT_IMAGE_REPOSITORY = "substrate-gpu"
 """The name this project's image is built and tagged with (``docker build -t
 substrate-gpu:<version> .``): the controller's image, and GPU workers' by default."""
-WORKER_CONTAINER = "ateom"
-"""Name of the worker runtime container (the one that gets the GPUs)."""
+WORKER_CONTAINER = worker_pod.CONTAINER
+"""Name of the worker runtime container (the one that gets the GPUs): upstream's ``worker``."""
 
 
 class MissingWorkerImageError(ConfigError):
@@ -161,19 +168,28 @@ def render_worker_deployment(
         resources["limits"] = limits
     if resources:
         container["resources"] = resources
-    pod_spec: dict[str, object] = {"containers": [container]}
+    container["env"] = worker_pod.downward_env()
+    container["securityContext"] = worker_pod.container_security_context(pool.sandbox_class)
+    pod_spec: dict[str, object] = {
+        "securityContext": worker_pod.pod_security_context(),
+        "containers": [container],
+    }
     if pool.runtime_class_name:
         pod_spec["runtimeClassName"] = pool.runtime_class_name
     if pool.node_selector:
         pod_spec["nodeSelector"] = dict(pool.node_selector)
-    if pool.tolerations:
-        pod_spec["tolerations"] = [t.to_dict() for t in pool.tolerations]
+    tolerations: list[object] = [t.to_dict() for t in pool.tolerations]
+    class_toleration = worker_pod.sandbox_class_toleration(pool.sandbox_class)
+    if class_toleration not in tolerations:
+        tolerations.append(class_toleration)
+    pod_spec["tolerations"] = tolerations
     if pool.priority_class_name:
         pod_spec["priorityClassName"] = pool.priority_class_name
     if pool.node_affinity is not None:
         pod_spec["affinity"] = {"nodeAffinity": dict(pool.node_affinity.to_dict())}
     if pool.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": name} for name in pool.image_pull_secrets]
+    pod_spec["terminationGracePeriodSeconds"] = worker_pod.TERMINATION_GRACE_S
     pod_metadata: dict[str, object] = {"labels": {**pool.labels, **labels}}
     if pool.annotations:
         pod_metadata["annotations"] = dict(pool.annotations)
@@ -187,6 +203,8 @@ def render_worker_deployment(
         },
         "spec": {
             "replicas": pool.replicas,
+            "strategy": worker_pod.rollout_strategy(),
+            "progressDeadlineSeconds": worker_pod.PROGRESS_DEADLINE_S,
             # One key only: a selector is immutable, and upstream selects on this one.
             "selector": {"matchLabels": {model.UPSTREAM_POOL_LABEL: pool.name}},
             "template": {"metadata": pod_metadata, "spec": pod_spec},

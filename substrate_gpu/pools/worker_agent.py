@@ -1,6 +1,6 @@
-"""How the agent runs in a GPU worker pod: its command, state, socket, probes and grace.
+"""How the agent runs in a GPU worker pod: its command, state, socket, probes and drain.
 
-The device plugin hands a pool's GPUs to one container of the worker pod, ``ateom``, and
+The device plugin hands a pool's GPUs to one container of the worker pod, ``worker``, and
 the toolkit is mounted there: that is where the CDI spec must be generated, the GPUs
 injected and runsc run, so that is where ``substrate-gpu agent`` runs — as the container's
 own process, not beside another one:
@@ -31,7 +31,9 @@ container resumes from its event log and restores suspended actors from their ch
   a Unix socket path is limited to 107 bytes: ``/run/substrate-gpu/workers/<36>/agent.sock``
   is 74;
 - ``/var/lib/ate`` on the host, at the same path (upstream's ``nodepath.BasePath``, which
-  atelet and every worker pod mount alike): the worker API socket atelet dials,
+  atelet and every worker pod mount alike), with upstream's ``HostToContainer`` propagation
+  (what atelet mounts there after the worker started is seen in it): the worker API socket
+  atelet dials,
   ``/var/lib/ate/workers/<pod uid>/worker.sock`` (upstream's ``nodepath.WorkerSocketPath``;
   70 bytes), and the per-actor directories atelet prepares under ``/var/lib/ate/actors``
   (bundles, checkpoint and restore directories) that the worker API's calls name. The agent
@@ -63,21 +65,28 @@ worker can give without per-actor namespaces, and waits for wakeup probes there 
 upstream's Run and Restore do (docs/worker-api.md, "The actor's network").
 
 Metrics, ``/healthz`` and ``/readyz`` are served on the agent's port (9477), on every
-address (the kubelet probes the pod's IP). The grace period exceeds the agent's drain
-timeout, which the command passes explicitly, so the two cannot drift apart.
+address (the kubelet probes the pod's IP).
 
-Posture: nothing here adds privileges, capabilities or a user namespace. The hostPath
-volumes are plain directories, like the toolkit's; a GPU worker keeps the posture of any
-other gVisor worker.
+SIGTERM fits the pod's grace (upstream's 3600 s, :data:`.worker_pod.TERMINATION_GRACE_S`),
+in the agent's two steps, each passed explicitly so they cannot drift from the grace:
+``--workload-grace`` 1800 s, upstream's ``workloadGracePeriod`` (checkpoints in flight finish,
+then every app container gets SIGTERM and, at that deadline, SIGKILL and 5 s more), then
+``--drain-timeout``, what is left of the grace but a margin: effects still running (a JSON
+door's suspend, a Run let go on) finish, and the event log is closed before the kubelet's
+SIGKILL. Upstream's comment says why the worker's own deadline sits well inside the grace:
+the escalation to SIGKILL happens in the worker, container by container, not to the worker.
+
+Posture: nothing here adds privileges or capabilities: the pod's security context is every
+worker's (:mod:`.worker_pod`). The hostPath volumes are plain directories, like the
+toolkit's; a GPU worker keeps the posture of any other gVisor worker.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Final
 
 from substrate_gpu import _defaults
-from substrate_gpu.pools import model
+from substrate_gpu.pools import model, worker_pod
 
 __all__ = [
     "AGENT_ARGS",
@@ -102,8 +111,8 @@ __all__ = [
     "STATE_HOST_PATH",
     "STATE_MOUNT_PATH",
     "STATE_VOLUME",
-    "TERMINATION_GRACE_S",
     "WORKER_SOCKET",
+    "WORKLOAD_GRACE_S",
     "run_agent_in",
 ]
 
@@ -127,34 +136,40 @@ CAPACITY_VOLUME: Final = "worker-capacity"
 EVENT_LOG: Final = f"{STATE_MOUNT_PATH}/events.jsonl"
 CHECKPOINT_ROOT: Final = f"{STATE_MOUNT_PATH}/checkpoints"
 SOCKET: Final = f"{SOCKET_MOUNT_PATH}/agent.sock"
-_POD_UID: Final = "SUBSTRATE_GPU_POD_UID"
+_POD_UID: Final = worker_pod.POD_UID_ENV
 WORKER_SOCKET: Final = f"{ATE_BASE_PATH}/workers/$({_POD_UID})/worker.sock"
 """Where atelet dials the worker API (``nodepath.WorkerSocketPath(podUID)``); the kubelet
-expands ``$(SUBSTRATE_GPU_POD_UID)`` (the downward API's ``metadata.uid``) in the args."""
+expands ``$(POD_UID)`` (the downward API's ``metadata.uid``) in the args, as upstream's
+controller passes ``--pod-uid=$(POD_UID)``."""
 
 SANDBOX_NETWORK: Final = "pod"
 """``--sandbox-network``: every actor on the worker pod's network (see the module docstring)."""
 
 METRICS_PORT: Final = _defaults.METRICS_PORT
 METRICS_PORT_NAME: Final = "metrics"
-DRAIN_TIMEOUT_S: Final = math.ceil(_defaults.DRAIN_TIMEOUT_S)
-TERMINATION_GRACE_S: Final = DRAIN_TIMEOUT_S + 15
-"""The drain, then closing the log and the socket, with room to spare."""
+WORKLOAD_GRACE_S: Final = 1800
+"""``--workload-grace``: upstream's ``workloadGracePeriod`` (30 minutes), the worker API's one
+deadline for calls in flight and then for the app containers' SIGTERM, before SIGKILL."""
+_KILL_WAIT_S: Final = 5
+"""After the SIGKILLs, how long the worker API waits for the containers to go (upstream's
+``containerKillTimeout``, ``service.worker_api.KILL_TIMEOUT``: the pools package sits below
+the service, so the test that the shutdown fits the grace adds the service's own)."""
+_CLOSE_MARGIN_S: Final = 15
+"""Closing the event log, the sockets and the metrics server, with room to spare."""
+DRAIN_TIMEOUT_S: Final = (
+    worker_pod.TERMINATION_GRACE_S - WORKLOAD_GRACE_S - _KILL_WAIT_S - _CLOSE_MARGIN_S
+)
+"""``--drain-timeout``: what the grace leaves after the worker API's shutdown (1780 s)."""
 
 GPU_TOLERATION: Final = {"key": model.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 """GPU node pools are tainted ``nvidia.com/gpu:NoSchedule`` (GKE, the GPU Operator): the
 agent must land there, whether or not the cluster's ExtendedResourceToleration adds it."""
 
-# Downward API values the subPathExprs expand (they must be the container's env).
-_POD_NAME: Final = "SUBSTRATE_GPU_POD_NAME"
-_POD_NAMESPACE: Final = "SUBSTRATE_GPU_POD_NAMESPACE"
-_POOL: Final = "SUBSTRATE_GPU_WORKER_POOL"
-_DOWNWARD: Final = (
-    (_POD_NAMESPACE, "metadata.namespace"),
-    (_POOL, f"metadata.labels['{model.UPSTREAM_POOL_LABEL}']"),
-    (_POD_NAME, "metadata.name"),
-    (_POD_UID, "metadata.uid"),
-)
+# Downward API values the args and subPathExprs expand (they must be the container's env):
+# upstream's three, which every worker has (.worker_pod), and the pod's name, added here.
+_POD_NAME: Final = "POD_NAME"
+_POD_NAMESPACE: Final = worker_pod.POD_NAMESPACE_ENV
+_POOL: Final = worker_pod.WORKER_POOL_ENV
 
 AGENT_COMMAND: Final = ("substrate-gpu",)
 AGENT_ARGS: Final = (
@@ -175,6 +190,8 @@ AGENT_ARGS: Final = (
     "0.0.0.0",  # noqa: S104  (the kubelet probes the pod's IP; see the module docstring)
     "--metrics-port",
     str(METRICS_PORT),
+    "--workload-grace",
+    str(WORKLOAD_GRACE_S),
     "--drain-timeout",
     str(DRAIN_TIMEOUT_S),
     f"--atunnel-credential-bundle={_defaults.CREDENTIAL_BUNDLE}",
@@ -189,8 +206,8 @@ def run_agent_in(container: dict[str, object], pod_spec: dict[str, object]) -> N
     """Make ``container`` (the GPU container of ``pod_spec``) run the agent, in place."""
     container["command"] = list(AGENT_COMMAND)
     container["args"] = list(AGENT_ARGS)
-    _list(container, "env").extend(
-        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}} for name, path in _DOWNWARD
+    _list(container, "env").append(
+        {"name": _POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     )
     _list(container, "ports").append(
         {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"}
@@ -219,7 +236,11 @@ def run_agent_in(container: dict[str, object], pod_spec: dict[str, object]) -> N
                 "mountPath": SOCKET_MOUNT_PATH,
                 "subPathExpr": f"$({_POD_UID})",
             },
-            {"name": ATE_VOLUME, "mountPath": ATE_BASE_PATH},
+            {
+                "name": ATE_VOLUME,
+                "mountPath": ATE_BASE_PATH,
+                "mountPropagation": worker_pod.ATE_MOUNT_PROPAGATION,
+            },
             {
                 "name": IDENTITY_VOLUME,
                 "mountPath": str(_defaults.POD_IDENTITY_DIR),
@@ -250,7 +271,6 @@ def run_agent_in(container: dict[str, object], pod_spec: dict[str, object]) -> N
             _capacity_volume(str(container["name"])),
         ]
     )
-    pod_spec["terminationGracePeriodSeconds"] = TERMINATION_GRACE_S
     tolerations = _list(pod_spec, "tolerations")
     if GPU_TOLERATION not in tolerations:
         tolerations.append(dict(GPU_TOLERATION))

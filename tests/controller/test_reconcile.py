@@ -64,10 +64,43 @@ def test_the_controllers_gpu_workers_run_their_actors_on_the_pods_network() -> N
     [container] = [
         c
         for c in outcome.deployment["spec"]["template"]["spec"]["containers"]  # type: ignore[index]
-        if c["name"] == "ateom"
+        if c["name"] == "worker"
     ]
     args = container["args"]
     assert args[args.index("--sandbox-network") + 1] == "pod"
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        pytest.param(pool(flat("1")), id="gpu-pool"),
+        pytest.param(pool({"replicas": 2, "template": {}}), id="cpu-pool"),
+    ],
+)
+def test_the_controllers_workers_have_upstreams_worker_pod_posture(doc: dict[str, Any]) -> None:
+    """Every Deployment the controller applies, GPU or not, runs its ``worker`` container as
+    upstream's controller does: root, never privileged, the gVisor capability set, AppArmor
+    and seccomp Unconfined, a 3600 s grace, a no-surge rollout, the sandbox-class toleration."""
+    outcome = reconcile.plan(stored(doc), SETTINGS)
+    assert isinstance(outcome, reconcile.Apply)
+    spec: Any = outcome.deployment["spec"]
+    pod = spec["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["name"] == "worker"
+    context = container["securityContext"]
+    assert (context["runAsUser"], context["privileged"]) == (0, False)
+    assert context["capabilities"]["drop"] == ["ALL"]
+    assert "SYS_ADMIN" in context["capabilities"]["add"]
+    assert context["appArmorProfile"] == context["seccompProfile"] == {"type": "Unconfined"}
+    assert "hostUsers" not in pod
+    assert pod["terminationGracePeriodSeconds"] == 3600
+    assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": "10%"}
+    assert {
+        "key": "ate.dev/sandboxClass",
+        "operator": "Equal",
+        "value": "gvisor",
+        "effect": "NoSchedule",
+    } in pod["tolerations"]
 
 
 def test_the_deployment_name_is_fixed_per_pool() -> None:

@@ -218,6 +218,16 @@ def test_a_new_pool_gets_one_shaped_owned_deployment_and_a_ready_status(
         "readOnly": True,
     } in container["volumeMounts"]
     assert {"name": "ATE_NVIDIA_DRIVER_ROOT", "value": "/run/nvidia/driver"} in container["env"]
+    # Upstream's worker pod (workerpool_apply.go at 533900d), as stored: unprivileged, the
+    # gVisor capability set, a 3600 s grace, no-surge rollout.
+    assert container["name"] == "worker"
+    assert container["securityContext"]["privileged"] is False
+    assert "SYS_ADMIN" in container["securityContext"]["capabilities"]["add"]
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 3600
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 0,
+        "maxUnavailable": "10%",
+    }
     [owner] = deployment["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
         "WorkerPool",
@@ -251,6 +261,73 @@ def test_an_updated_pool_updates_its_deployment_and_observed_generation(
     assert deployment["spec"]["replicas"] == 5
     assert body["status"]["replicas"] == 5
     assert logged(controller, "workerpool updated", f"{namespace}/updated")
+
+
+def earlier_controllers_deployment(created: dict[str, Any]) -> dict[str, Any]:
+    """The Deployment a controller before issue 31 applied for ``created``: container
+    ``ateom``, no security context, a 45 s grace, the default rollout."""
+    old = expected_deployment(created)
+    old["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": reconcile.model.API_VERSION,
+            "kind": "WorkerPool",
+            "name": created["metadata"]["name"],
+            "uid": created["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    del old["spec"]["strategy"], old["spec"]["progressDeadlineSeconds"]
+    spec = old["spec"]["template"]["spec"]
+    del spec["securityContext"]
+    spec["terminationGracePeriodSeconds"] = 45
+    [container] = spec["containers"]
+    container["name"] = "ateom"
+    del container["securityContext"]
+    for volume in spec["volumes"]:
+        for item in volume.get("downwardAPI", {}).get("items", []):
+            item["resourceFieldRef"]["containerName"] = "ateom"
+    return old
+
+
+def test_a_worker_deployment_of_an_earlier_controller_becomes_upstreams_worker_pod(
+    admin: KubeClient, watched: str, controller: ControllerProcess
+) -> None:
+    """Upgrade: a Deployment an earlier controller applied (same field manager) with the
+    container ``ateom`` and no security context is reconciled into exactly the renderer's
+    pod: the one container ``worker``, nothing of ``ateom`` left behind by the apply."""
+    namespace = watched
+    created = create_pool(admin, namespace, gpu_pool("upgraded"))
+    controller.wait_for("Ready", lambda: ready_at(admin, namespace, "upgraded", 1))
+    old = earlier_controllers_deployment(created)
+    response = admin.request(
+        "PATCH",
+        f"/apis/apps/v1/namespaces/{namespace}/deployments/{old['metadata']['name']}",
+        old,
+        content_type="application/apply-patch+yaml",
+        query={"fieldManager": reconcile.FIELD_MANAGER, "force": "true"},
+    )
+    assert response.status == 200, response.body
+    assert [c["name"] for c in response.body["spec"]["template"]["spec"]["containers"]] == ["ateom"]
+    # Any change to the pool makes the controller apply its Deployment again.
+    admin.ok(
+        "PATCH",
+        pool_path(namespace, "upgraded"),
+        {"spec": {"maxWorkers": 3}},
+        content_type="application/merge-patch+json",
+    )
+    controller.wait_for("Ready at 2", lambda: ready_at(admin, namespace, "upgraded", 2))
+    [deployment] = deployments(admin, namespace, "upgraded")
+    template = deployment["spec"]["template"]["spec"]
+    [container] = template["containers"]
+    want = expected_deployment(admin.ok("GET", pool_path(namespace, "upgraded")))
+    [want_container] = want["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == "worker"
+    assert container["securityContext"] == want_container["securityContext"]
+    assert template["securityContext"] == want["spec"]["template"]["spec"]["securityContext"]
+    assert template["terminationGracePeriodSeconds"] == 3600
+    assert deployment["spec"]["strategy"] == want["spec"]["strategy"]
+    assert without_server_fields(deployment) == without_server_fields(want)
 
 
 def test_a_deleted_pool_takes_its_deployment_along(

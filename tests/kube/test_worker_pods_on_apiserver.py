@@ -2,8 +2,10 @@
 
 A Deployment's dry-run validates its pod template; a Pod's dry-run also runs the pod
 admission plugins (service account, Pod Security). The worker pods of every example pool
-are created as Pods (dry-run), and the API server's Pod Security admission compares a GPU
-worker's posture with a CPU worker's: the GPU worker's only extra is host directories.
+are created as Pods (dry-run), the worker Deployment is admitted with its security context
+as rendered, and the API server's Pod Security admission compares a GPU worker's posture
+with a CPU worker's (both upstream's gVisor worker's): the GPU worker's only extra is host
+directories.
 """
 
 from __future__ import annotations
@@ -112,15 +114,27 @@ def test_every_rendered_worker_pod_passes_server_side_dry_run(
         assert response.status in (200, 201), response.body
 
 
-def test_a_gpu_worker_breaks_baseline_only_by_its_host_directories(admin: KubeClient) -> None:
-    """Under Pod Security baseline, a CPU worker is admitted and a GPU worker is refused
-    for hostPath volumes alone (toolkit, state, socket): not privileged, no capabilities,
-    no host namespaces, no procMount."""
-    assert violations(admin, "baseline", CPU_POOL_FILE) == {}
-    found = violations(admin, "baseline", GPU_POOL_FILE)
-    assert list(found) == ["hostPath volumes"], found
-    for volume in ("nvidia-toolkit", "substrate-gpu-state", "substrate-gpu-socket"):
-        assert f'"{volume}"' in found["hostPath volumes"]
+def test_a_gpu_worker_breaks_baseline_where_a_cpu_worker_does_plus_host_directories(
+    admin: KubeClient,
+) -> None:
+    """Under Pod Security baseline, a CPU worker is refused for upstream's gVisor posture
+    alone (its capabilities, AppArmor and seccomp Unconfined: never privileged, no host
+    namespaces, no procMount), and a GPU worker for exactly that plus hostPath volumes
+    (toolkit, state, socket, /var/lib/ate)."""
+    cpu = violations(admin, "baseline", CPU_POOL_FILE)
+    assert set(cpu) == {
+        "non-default capabilities",
+        "forbidden AppArmor profile",
+        "seccompProfile",
+    }, cpu
+    for capability in ("SYS_ADMIN", "SYS_PTRACE", "NET_ADMIN"):
+        assert capability in cpu["non-default capabilities"]
+    gpu = violations(admin, "baseline", GPU_POOL_FILE)
+    assert gpu.pop("hostPath volumes")
+    assert gpu == cpu
+    found = violations(admin, "baseline", GPU_POOL_FILE)["hostPath volumes"]
+    for volume in ("nvidia-toolkit", "substrate-gpu-state", "substrate-gpu-socket", "ate-base"):
+        assert f'"{volume}"' in found
 
 
 def test_a_gpu_worker_breaks_restricted_where_a_cpu_worker_does_plus_host_directories(
@@ -156,3 +170,41 @@ def test_the_api_server_keeps_the_identity_and_capacity_volumes(
         ("cpu_milli", "limits.cpu", "1m"),
         ("memory_bytes", "limits.memory", "1"),
     ]
+
+
+def test_the_worker_deployment_is_admitted_with_upstreams_worker_pod_shape(
+    admin: KubeClient, open_namespace: str
+) -> None:
+    """The GPU pool's Deployment, created (dry-run, strict) on an API server that refuses
+    privileged pods (``--allow-privileged=false``), comes back with every field of the worker
+    pod's shape as rendered: the security contexts (an API server that did not know
+    ``appArmorProfile`` would drop it), the rollout, the grace, the sandbox-class toleration,
+    the /var/lib/ate mount's propagation."""
+    [document] = manifests.read_documents(GPU_POOL_FILE)
+    deployment = render_worker_deployment(load_pool(document.content), SETTINGS)
+    deployment["metadata"]["namespace"] = open_namespace  # type: ignore[index]
+    response = admin.request(
+        "POST",
+        f"/apis/apps/v1/namespaces/{open_namespace}/deployments",
+        deployment,
+        query={"dryRun": "All", "fieldValidation": "Strict"},
+    )
+    assert response.status == 201, response.body
+    rendered: dict[str, Any] = deployment["spec"]  # type: ignore[assignment]
+    admitted = response.body["spec"]
+    assert admitted["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "10%"},
+    }
+    assert admitted["progressDeadlineSeconds"] == 4800
+    pod, pod_rendered = admitted["template"]["spec"], rendered["template"]["spec"]
+    assert pod["securityContext"] == pod_rendered["securityContext"]
+    assert pod["terminationGracePeriodSeconds"] == 3600
+    assert pod["tolerations"] == pod_rendered["tolerations"]
+    [container], [container_rendered] = pod["containers"], pod_rendered["containers"]
+    assert container["name"] == "worker"
+    assert container["securityContext"] == container_rendered["securityContext"]
+    assert container["securityContext"]["privileged"] is False
+    assert container["securityContext"]["appArmorProfile"] == {"type": "Unconfined"}
+    [ate] = [m for m in container["volumeMounts"] if m["mountPath"] == "/var/lib/ate"]
+    assert ate["mountPropagation"] == "HostToContainer"

@@ -78,11 +78,25 @@ def test_example_deployments_are_valid_kubernetes(path: Path) -> None:
 
 
 def test_deploy_ships_no_privileged_node_agent() -> None:
-    """No DaemonSet and nothing privileged: the agent runs in each GPU worker's container."""
+    """No DaemonSet and nothing privileged, no user namespace, no unmasked /proc: the agent
+    runs in each GPU worker's container, with upstream's unprivileged worker posture."""
+    pods = 0
     for path in sorted(DEPLOY.rglob("*.yaml")):
         text = path.read_text(encoding="utf-8")
-        assert "privileged" not in text, path
-        assert all(d["kind"] != "DaemonSet" for d in yaml.safe_load_all(text)), path
+        for doc in yaml.safe_load_all(text):
+            assert doc["kind"] != "DaemonSet", path
+            pod = doc.get("spec", {}).get("template", {}).get("spec")
+            if pod is None:
+                continue
+            pods += 1
+            assert "hostUsers" not in pod, path
+            for container in pod["containers"]:
+                context = container.get("securityContext", {})
+                assert context.get("privileged", False) is False, path
+                assert "procMount" not in context, path
+                assert context.get("allowPrivilegeEscalation") is not True, path
+                assert context.get("capabilities", {}).get("drop", ["ALL"]) == ["ALL"], path
+    assert pods >= 7  # the controller and every example pool's workers
 
 
 def test_checked_in_deploy_files_are_not_stale() -> None:

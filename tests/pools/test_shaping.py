@@ -131,16 +131,67 @@ def test_tolerations_are_carried() -> None:
         )
     )
     assert pod_spec(render_worker_deployment(p, SETTINGS))["tolerations"] == [
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        # The sandbox class's, added after the pool's own (upstream's order).
+        {
+            "key": "ate.dev/sandboxClass",
+            "operator": "Equal",
+            "value": "gvisor",
+            "effect": "NoSchedule",
+        },
     ]
 
 
-@pytest.mark.parametrize(
-    "word", ["privileged", "hostUsers", "procMount", "allowPrivilegeEscalation", "capabilities"]
-)
-def test_gpu_worker_keeps_the_unprivileged_posture(word: str) -> None:
-    """No privileged mode, user namespace or procMount change anywhere in a GPU worker."""
+def test_a_pools_own_sandbox_class_toleration_is_not_doubled() -> None:
+    """A pool that already tolerates its class's taint keeps the one toleration."""
+    own = {
+        "key": "ate.dev/sandboxClass",
+        "operator": "Equal",
+        "value": "gvisor",
+        "effect": "NoSchedule",
+    }
+    p = load_pool(pool({"replicas": 1, "workerImage": IMAGE, "template": {"tolerations": [own]}}))
+    assert pod_spec(render_worker_deployment(p, SETTINGS))["tolerations"] == [own]
+
+
+@pytest.mark.parametrize("word", ["hostUsers", "procMount", "allowPrivilegeEscalation"])
+def test_gpu_worker_asks_for_no_user_namespace_or_proc_change(word: str) -> None:
+    """No user namespace, no procMount change, no privilege escalation flag anywhere in a GPU
+    worker: upstream's worker sets none of them."""
     assert word not in json.dumps(render_worker_deployment(GPU_POOL, SETTINGS))
+
+
+def test_gpu_worker_is_never_privileged_and_holds_only_upstreams_capabilities() -> None:
+    """``privileged: false`` written out, every capability dropped but upstream's gVisor set."""
+    context = worker(render_worker_deployment(GPU_POOL, SETTINGS))["securityContext"]
+    assert context["privileged"] is False
+    assert context["capabilities"] == {
+        "drop": ["ALL"],
+        "add": [
+            "NET_ADMIN",
+            "SYS_ADMIN",
+            "SYS_CHROOT",
+            "SYS_PTRACE",
+            "SETUID",
+            "SETGID",
+            "SETPCAP",
+            "DAC_OVERRIDE",
+            "FOWNER",
+            "CHOWN",
+            "MKNOD",
+            "NET_RAW",
+            "SETFCAP",
+        ],
+    }
+
+
+def test_gpu_shaping_adds_no_privilege() -> None:
+    """The security contexts of a GPU worker are those of the same pool rendered without the
+    GPU step: GPU shaping changes no posture."""
+    plain = render_worker_deployment(GPU_POOL, SETTINGS, gpu_shaping=False)
+    shaped = render_worker_deployment(GPU_POOL, SETTINGS)
+    assert pod_spec(shaped)["securityContext"] == pod_spec(plain)["securityContext"]
+    assert worker(shaped)["securityContext"] == worker(plain)["securityContext"]
 
 
 @pytest.mark.parametrize(
@@ -176,13 +227,16 @@ def test_gpu_shaping_only_adds() -> None:
     worker(shaped)["resources"]["limits"].pop("nvidia.com/gpu")
     assert not worker(shaped)["resources"]["limits"]
     del worker(shaped)["resources"]["limits"]
+    # Appended to what every worker has: the base's env and tolerations come first.
+    for parent, key in ((worker(shaped), "env"), (pod_spec(shaped), "tolerations")):
+        base = len(worker(plain)[key] if key == "env" else pod_spec(plain)[key])
+        del parent[key][base:]
     # The agent as the container's process (tests/pools/test_worker_agent.py).
-    for key in ("volumeMounts", "env", "command", "args", "ports"):
+    for key in ("volumeMounts", "command", "args", "ports"):
         del worker(shaped)[key]
     for key in ("startupProbe", "livenessProbe", "readinessProbe"):
         del worker(shaped)[key]
-    for key in ("volumes", "tolerations", "terminationGracePeriodSeconds"):
-        del pod_spec(shaped)[key]
+    del pod_spec(shaped)["volumes"]
     assert shaped == plain
 
 

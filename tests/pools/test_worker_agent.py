@@ -20,7 +20,7 @@ from substrate_gpu.pools import (
     render_worker_deployment,
     worker_agent,
 )
-from substrate_gpu.service import config
+from substrate_gpu.service import config, worker_api
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "tests" / "data" / "pools" / "valid").glob("*.yaml"))
@@ -145,10 +145,24 @@ def test_the_socket_is_on_a_host_directory_short_enough_for_a_unix_socket(
 
 
 @pytest.mark.parametrize("deployment", GPU_DEPLOYMENTS)
-def test_the_grace_period_exceeds_the_agents_drain_timeout(deployment: dict[str, Any]) -> None:
-    """The kubelet waits longer than the agent drains, so SIGKILL never cuts a drain short."""
+def test_the_agents_whole_shutdown_fits_the_grace_period(deployment: dict[str, Any]) -> None:
+    """On SIGTERM the agent takes at most ``--workload-grace`` (calls in flight, then the apps'
+    SIGTERM), the SIGKILL wait, then ``--drain-timeout``: with the closing margin that is the
+    pod's grace, so the kubelet's SIGKILL never cuts a checkpoint or the log's close short."""
     settings = agent_config(gpu_container(deployment))
-    assert pod_spec(deployment)["terminationGracePeriodSeconds"] > settings.drain_timeout
+    grace = pod_spec(deployment)["terminationGracePeriodSeconds"]
+    used = settings.workload_grace + worker_api.KILL_TIMEOUT + settings.drain_timeout
+    assert 10 <= grace - used <= 30
+
+
+@pytest.mark.parametrize("deployment", GPU_DEPLOYMENTS)
+def test_checkpoints_in_flight_get_upstreams_workload_grace(deployment: dict[str, Any]) -> None:
+    """``--workload-grace`` is upstream's ``workloadGracePeriod`` (30 minutes) inside upstream's
+    60-minute pod grace, so a checkpoint in flight at SIGTERM has as long to finish as
+    upstream's worker gives it, and the apps get SIGKILL from the worker, not the kubelet."""
+    settings = agent_config(gpu_container(deployment))
+    assert settings.workload_grace == 1800
+    assert pod_spec(deployment)["terminationGracePeriodSeconds"] == 3600
 
 
 @pytest.mark.parametrize("deployment", GPU_DEPLOYMENTS)
@@ -197,11 +211,14 @@ def test_the_rendered_worker_pod_is_a_valid_kubernetes_pod(deployment: dict[str,
 
 
 def test_a_gpu_worker_has_the_security_context_of_a_cpu_worker() -> None:
-    """No securityContext at pod or container level, exactly like a CPU worker's."""
+    """Pod and container security contexts exactly like a CPU gVisor worker's (upstream's),
+    and no user namespace in either."""
     gpu, cpu = (render_worker_deployment(p, SETTINGS) for p in (GPU_POOL, CPU_POOL))
+    assert pod_spec(gpu)["securityContext"] == pod_spec(cpu)["securityContext"]
+    [gpu_worker], [cpu_worker] = (pod_spec(d)["containers"] for d in (gpu, cpu))
+    assert gpu_worker["securityContext"] == cpu_worker["securityContext"]
+    assert gpu_worker["securityContext"]["privileged"] is False
     for d in (gpu, cpu):
-        assert "securityContext" not in pod_spec(d)
-        assert all("securityContext" not in c for c in pod_spec(d)["containers"])
         assert "hostUsers" not in pod_spec(d)
 
 
@@ -264,19 +281,22 @@ def test_the_worker_api_is_served_where_atelet_dials_it(deployment: dict[str, An
     the same path (as atelet mounts it), the uid from the downward API, under 107 bytes."""
     container = gpu_container(deployment)
     settings = agent_config(container)
-    assert (
-        str(settings.worker_socket) == "/var/lib/ate/workers/$(SUBSTRATE_GPU_POD_UID)/worker.sock"
-    )
+    assert str(settings.worker_socket) == "/var/lib/ate/workers/$(POD_UID)/worker.sock"
     env = {
         e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
         for e in container["env"]
         if "valueFrom" in e
     }
-    assert env["SUBSTRATE_GPU_POD_UID"] == "metadata.uid"
+    assert env["POD_UID"] == "metadata.uid"
     mount = mount_of(container, str(settings.worker_socket))
-    assert mount == {"name": worker_agent.ATE_VOLUME, "mountPath": "/var/lib/ate"}
+    # HostToContainer, as upstream's: what atelet mounts there later is seen in the worker.
+    assert mount == {
+        "name": worker_agent.ATE_VOLUME,
+        "mountPath": "/var/lib/ate",
+        "mountPropagation": "HostToContainer",
+    }
     assert volume(deployment, mount["name"])["hostPath"]["path"] == "/var/lib/ate"
-    on_host = str(settings.worker_socket).replace("$(SUBSTRATE_GPU_POD_UID)", "0" * 36)
+    on_host = str(settings.worker_socket).replace("$(POD_UID)", "0" * 36)
     assert len(on_host.encode()) <= 107
 
 
@@ -364,3 +384,17 @@ def test_the_capacity_files_are_the_agent_containers_own_limits() -> None:
             },
         },
     ]
+
+
+@pytest.mark.parametrize("deployment", GPU_DEPLOYMENTS)
+def test_every_variable_the_kubelet_expands_is_the_containers_env(
+    deployment: dict[str, Any],
+) -> None:
+    """Each ``$(VAR)`` in the args and the subPathExprs is a downward-API variable of the
+    container (the kubelet leaves an undefined one as written)."""
+    container = gpu_container(deployment)
+    defined = {e["name"] for e in container["env"] if "valueFrom" in e}
+    texts = [*container["args"], *(m.get("subPathExpr", "") for m in container["volumeMounts"])]
+    used = {v for text in texts for v in re.findall(r"\$\((\w+)\)", text)}
+    assert used
+    assert used <= defined
