@@ -12,8 +12,9 @@ agent's own event loop. Each call becomes events submitted through the same
   activation's start) is kept on the actor (``ActorRegistered.identity``): it is in the log,
   so a restarted agent still knows which actor is which UID's.
 - **Run** registers the sandbox (``_pause`` + the request's app containers, bundles in
-  ``actor_dirs.oci_bundle_dir``), then ``run_requested``, and answers once the actor is
-  ``running``; **Checkpoint** (FULL) is ``suspend_requested`` into ``actor_dirs.checkpoint_dir``
+  ``actor_dirs.oci_bundle_dir``, composed and sized first), then ``run_requested`` (the
+  three durable together: one fsync), and answers once the actor is ``running`` and that
+  is durable; **Checkpoint** (FULL) is ``suspend_requested`` into ``actor_dirs.checkpoint_dir``
   then ``delete_requested`` (the workload is torn down, as upstream); **Restore** (FULL)
   registers a new activation and ``restore_requested`` from ``actor_dirs.restore_dir``;
   **Terminate** is ``delete_requested`` (app containers first, ``_pause`` last: the delete
@@ -370,8 +371,10 @@ class WorkerService:
         workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
         workload = self._staged(workload, request.runsc_path)
 
+        def boot(actor_id: str) -> events.Event:
+            return events.RunRequested(actor_id=actor_id)
+
         async def run(call: _Call) -> None:
-            boot = lambda actor_id: events.RunRequested(actor_id=actor_id)  # noqa: E731
             actor_id = await self._activate(call, request, workload, durable, boot=boot, what="run")
             await self._woken(actor_id, probes)
 

@@ -63,6 +63,39 @@ def argv(notes: Path, cli: Sequence[str]) -> list[str]:
     ]
 
 
+#: ``python -c`` of an agent profiled in windows: each SIGUSR1 starts a cProfile of the event
+#: loop's thread, the next one stops it and writes ``<out>.<n>`` (n = 0, 1, ...).
+_PROFILED = """
+import cProfile, itertools, signal, sys, runpy
+out = sys.argv.pop(1)
+on = [None]
+n = itertools.count()
+def toggle(*_):
+    if on[0] is None:
+        on[0] = cProfile.Profile()
+        on[0].enable()
+    else:
+        on[0].disable()
+        on[0].dump_stats(f"{out}.{next(n)}")
+        on[0] = None
+signal.signal(signal.SIGUSR1, toggle)
+sys.argv[0] = "substrate_gpu"
+runpy.run_module("substrate_gpu", run_name="__main__", alter_sys=True)
+"""
+
+
+def profiled_argv(out: Path, cli: Sequence[str]) -> list[str]:
+    """``python -m substrate_gpu CLI…``, profiled between pairs of SIGUSR1 (``_PROFILED``)."""
+    return [sys.executable, "-c", _PROFILED, str(out), *cli]
+
+
+def python_calls(out: Path, window: int) -> int:
+    """The Python calls the event loop's thread made in profile window ``window``."""
+    import pstats
+
+    return int(pstats.Stats(f"{out}.{window}").total_calls)  # type: ignore[attr-defined]
+
+
 def install(notes_path: str) -> None:
     """Wrap what is counted (module doc); write the notes at exit."""
     import anyio.to_thread
