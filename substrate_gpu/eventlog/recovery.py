@@ -15,8 +15,11 @@ state (effect)  the runtime says                       recovery
 injecting       (not asked)                            rerun ``inject`` (idempotent by design)
 probing         (not asked)                            rerun ``probe`` (reads /proc only)
 creating        created                                ``sandbox_created`` (then ``start`` runs)
+creating        running, paused                        ``sandbox_created``, ``sandbox_started``
+                                                       (``start`` ran before ``sandbox_created``
+                                                       was durable: it is not run again)
 creating        missing                                ``effect_failed`` (create)
-creating        creating, running, paused, stopped     delete it, ``effect_failed`` (create)
+creating        creating, stopped                      delete it, ``effect_failed`` (create)
 starting        running, paused                        ``sandbox_started``
 starting        created                                rerun ``start`` (it provably had no effect)
 starting        missing, creating, stopped             delete leftover, ``effect_failed`` (start)
@@ -65,6 +68,12 @@ a ``runsc checkpoint`` started in its own session outlives the agent and may sti
 writing that image; the running sandbox is the actor's state, and a new suspend can be
 requested. Only once the sandbox is gone is the image the actor's state (taken when whole).
 
+Why a sandbox running in ``creating`` is reconciled as created *and* started: the pipeline
+does not wait for ``sandbox_created`` to be durable before ``start`` runs (it is
+``rederived``: docs/event-log.md, "When an event is durable"), so a crash can leave the log in
+``creating`` after the start. Only ``start`` makes the apps run, so both happened; the
+actor gets both outcomes, and ``start`` is not run again.
+
 Outcomes are *not* applied here: the :class:`ResumePoint` carries them to the restarted
 :class:`~substrate_gpu.lifecycle.Agent`, which accepts them like any outcome (logged before
 acted on, observed, follow-up effects started). :attr:`Recovery.actors` shows the states
@@ -107,6 +116,14 @@ class Decision:
     """``runsc delete --force`` the container first (what the effect itself would do)."""
     why: str = ""
     """One line for the report."""
+    then: events.Event | None = None
+    """A second outcome, accepted after ``outcome``: the effect ``outcome`` starts
+    completed too, before ``outcome`` was durable (``RecoveryAction.FOLLOWED``)."""
+
+    @property
+    def outcomes(self) -> tuple[events.Event, ...]:
+        """``outcome`` and ``then``, those there are, in order."""
+        return tuple(o for o in (self.outcome, self.then) if o is not None)
 
 
 @dataclass(frozen=True)
@@ -124,7 +141,7 @@ class Reconciliation:
     def describe(self) -> str:
         """One human line."""
         what = (
-            f"-> {self.decision.outcome.type}"
+            f"-> {', '.join(o.type for o in self.decision.outcomes)}"
             if self.decision.outcome is not None
             else f"rerun {self.effect}"
         )
@@ -210,6 +227,15 @@ def decide(
     if action is Action.SUCCEEDED:
         assert spec.success is not None, f"effect {effect}: SUCCEEDED needs a success outcome"
         return Decision("outcome", spec.success(view), why=f"the {effect} completed")
+    if action is Action.FOLLOWED:
+        following = registry.REGISTRY[rule.then] if rule.then is not None else None
+        assert spec.success is not None and following is not None and following.success
+        return Decision(
+            "outcome",
+            spec.success(view),
+            then=following.success(view),
+            why=f"the {effect} completed, and the {rule.then} it starts too",
+        )
     if action is Action.SANDBOX_RUNS:
         return Decision(
             "outcome",
@@ -416,7 +442,7 @@ async def recover(
             await _remove_leftover_root(runtime, view)
         report.append(Reconciliation(actor_id, view.state, effect, said, decision))
         if decision.outcome is not None:
-            outcomes.append(decision.outcome)
+            outcomes.extend(decision.outcomes)
         else:
             rerun.append((actor_id, cause))
     # What the agent will hold once it accepted the outcomes (the same machine, no effect).

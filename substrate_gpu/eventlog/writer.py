@@ -12,6 +12,14 @@ seconds, or until ``max_batch`` are waiting; a lone recorder does not wait at al
 the batch, and writes and ``fdatasync``-s it in a worker thread. Records arriving during
 the fsync form the next batch; when the flush ends, one of their recorders leads the next.
 The flush is shielded from cancellation: a batch is written whole or the log is failed.
+
+**Appending without waiting.** ``record`` is ``append`` (synchronous: the event takes its
+place in the order) then ``durable`` (wait until everything appended so far is fsynced, as
+the leader of a batch or with one). A caller may append several events and wait once (the
+agent's group of a registration and its first request: one fsync), or append an outcome and
+leave it to the next wait (an outcome recovery re-derives from the runtime; the rule is in
+docs/event-log.md, "When an event is durable"). ``aclose`` makes what was appended durable
+before closing.
 Any write error fails the log for good (memory and log would disagree); every later
 ``record`` raises :class:`EventLogError`, which stops the agent.
 
@@ -126,6 +134,8 @@ class EventLog:
         self._mark_fd: int | None = mark_fd
         self._fd: int | None = _open_for_append(path)
         self._open_batch = _Batch()
+        self._in_flight: _Batch | None = None
+        """The batch being written and fsynced, if any."""
         self._flushing = False
         self._flushed = anyio.Event()
         self._failed: BaseException | None = None
@@ -212,6 +222,13 @@ class EventLog:
 
     async def record(self, event: events.Event) -> None:
         """Append ``event`` (stamped); return once it is fsynced."""
+        self.append(event)
+        await self._until_durable(self._open_batch)
+
+    def append(self, event: events.Event) -> None:
+        """Take ``event`` (stamped) into the log's order now, synchronously; it is written
+        with the next batch, durable once :meth:`durable` (or a later :meth:`record`)
+        returns. Raises :class:`EventLogError` at once when the log failed or is closed."""
         self._check_usable()
         if event.seq <= self._queued_seq:
             raise errors.EventLogError(
@@ -226,7 +243,17 @@ class EventLog:
         batch.lines.append(codec.encode_line(event))
         batch.events.append(event)
         batch.last_seq = event.seq
-        await self._until_durable(batch)
+
+    async def durable(self) -> None:
+        """Return once every record appended so far is fsynced: at once when none waits;
+        else with the batch being written, or as the leader of the next one (group commit
+        with whatever else joins it meanwhile)."""
+        if self._open_batch.lines:
+            await self._until_durable(self._open_batch)
+        elif self._in_flight is not None:
+            await self._until_durable(self._in_flight)
+        elif self._failed is not None:
+            self._check_usable()  # an appended record may have been in the failed batch
 
     async def record_rejected(self, event: events.Event, state: str, problem: str) -> None:
         """Append the refusal of ``event`` in ``state``; return once it is fsynced."""
@@ -239,7 +266,11 @@ class EventLog:
         await self._until_durable(batch)
 
     async def aclose(self) -> None:
-        """Wait for the flush in progress, then close the file (idempotent)."""
+        """Make what was appended durable (the flush in progress, then the open batch),
+        then close the file (idempotent)."""
+        if self._failed is None and not self._closed:
+            with contextlib.suppress(errors.EventLogError):
+                await self.durable()
         while self._flushing:
             await self._flushed.wait()
         self._closed = True
@@ -276,6 +307,11 @@ class EventLog:
             with anyio.CancelScope(shield=True):
                 await self._linger()
                 batch, self._open_batch = self._open_batch, _Batch()
+                self._in_flight = batch
+                if self._failed is not None:
+                    # Appended before an earlier batch failed: never written after it.
+                    batch.error = self._failed
+                    return
                 try:
                     self._track(batch)
                     data = b"".join(batch.lines)
@@ -297,6 +333,7 @@ class EventLog:
             # is what they raise); then the next batch gets a leader.
             if batch is not None:
                 batch.done = True
+            self._in_flight = None
             self._flushing = False
             self._flushed.set()
 

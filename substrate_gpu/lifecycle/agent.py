@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -61,7 +61,9 @@ class ResumePoint:
     last_seq: int
     """The log's last sequence number: new events are numbered after it."""
     outcomes: tuple[events.Event, ...] = ()
-    """Outcomes of interrupted effects, established by asking the runtime (unstamped)."""
+    """Outcomes of interrupted effects, established by asking the runtime (unstamped). Two
+    in a row for one actor: the effect the first one starts completed too (only the last
+    one's effect is started)."""
     rerun: tuple[tuple[str, events.Event], ...] = ()
     """``(actor_id, cause)``: in-flight actors whose effect is safe to run again."""
     live: tuple[allocation.LiveSandbox, ...] = ()
@@ -180,8 +182,12 @@ class Agent:
             await tg.start(self._pipeline.serve)
             resume, self._resume = self._resume, None
             if resume is not None:
-                for outcome in resume.outcomes:
-                    await self._pipeline.reconcile(outcome)
+                outcomes = resume.outcomes
+                for i, outcome in enumerate(outcomes):
+                    followed = (
+                        i + 1 < len(outcomes) and outcomes[i + 1].actor_id == outcome.actor_id
+                    )
+                    await self._pipeline.reconcile(outcome, act=not followed)
                 for actor_id, cause in resume.rerun:
                     await self._pipeline.rerun(actor_id, cause)
             self._stack = stack.pop_all()
@@ -223,8 +229,33 @@ class Agent:
         """Effect chains queued or running right now."""
         return self._pipeline.pending
 
+    async def submit_all(self, group: Sequence[events.Event]) -> list[hooks.Transition]:
+        """Accept several events in order and wait once until all are durable (one fsync of
+        the event log for the group), then start their effects; the transitions. A refused
+        one raises :class:`InvalidEvent`: those before it stay accepted."""
+        steps = await self._pipeline.submit_all(group)
+        return [
+            hooks.Transition(
+                actor_id=step.event.actor_id,
+                source=step.source,
+                dest=step.dest,
+                trigger=step.event.type,
+                event_type=step.event.type,
+                at=step.event.at,
+                reason=step.reason,
+            )
+            for step in steps
+        ]
+
+    async def durable(self) -> None:
+        """Return once every accepted event is durable: an observer may see a transition
+        before its event is (docs/event-log.md, "When an event is durable"), so a door
+        waits here before it answers for one."""
+        await self._pipeline.durable()
+
     async def settle(self) -> None:
-        """Wait until every accepted event's effects have finished."""
+        """Wait until every accepted event's effects have finished and every accepted
+        event is durable."""
         await self._pipeline.settle()
 
     # --- state out ----------------------------------------------------------------------------
@@ -315,6 +346,15 @@ class Agent:
             and bool(actor.reason)
             and state not in spec.reachable_unaided[actor.state]
         )
+
+    def add_observer(self, observer: Callable[[hooks.Transition], None]) -> None:
+        """Call ``observer`` with every transition from now on, synchronously, in the order
+        the machine applied them (it must not block: it runs inside the pipeline)."""
+        self._pipeline.add_observer(observer)
+
+    def remove_observer(self, observer: Callable[[hooks.Transition], None]) -> None:
+        """Stop calling ``observer``."""
+        self._pipeline.remove_observer(observer)
 
     @contextlib.asynccontextmanager
     async def subscribe(self, buffer: int = 1000) -> AsyncIterator[Subscription]:

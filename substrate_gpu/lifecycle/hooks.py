@@ -5,8 +5,12 @@ metrics (``substrate_gpu.observability.metrics``) plug in without the lifecycle 
 them:
 
 - :class:`EventRecorder`: awaited with every accepted event **before** its effect starts
-  ("events are logged before they are acted on").
-- :class:`TransitionObserver`: told of every transition, synchronously, after recording.
+  ("events are logged before they are acted on"; a recorder that group-commits, the event
+  log, takes a group of events and waits once, and leaves the outcomes recovery derives
+  again to the next wait: :mod:`substrate_gpu.lifecycle.pipeline`).
+- :class:`TransitionObserver`: told of every transition, synchronously, in the order the
+  machine applied them, once the event is in the recorder's order (with group commit,
+  possibly before it is durable: a door waits for ``Agent.durable()`` before answering).
 - :class:`LifecycleMetrics`: counters and gauges; label values are bounded (state names,
   triggers, effect names, outcome event types, refusal codes), never an actor id.
 """
@@ -43,7 +47,8 @@ class TransitionObserver(Protocol):
     """Told of every transition, in order. Must not block: it runs inside the pipeline."""
 
     def on_transition(self, t: Transition) -> None:
-        """Called once per accepted event, after it is recorded."""
+        """Called once per accepted event, once it is recorded (or, with a group-commit
+        recorder, appended: module doc)."""
         ...
 
 

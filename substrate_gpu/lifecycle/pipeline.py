@@ -7,8 +7,12 @@ How an event flows (one actor's events strictly in order, actors concurrently):
 2. The event is applied to the machine **synchronously** (no await between the check and the
    commit), so the order of acceptance is the order of ``submit`` calls, and an invalid
    event raises :class:`InvalidEvent` to the submitter with the actor untouched.
-3. The accepted event is **recorded** (:class:`EventRecorder`) and only then observed and
-   acted on.
+3. The accepted event is **recorded** (:class:`EventRecorder`) and observed; it is durable
+   before it is acted on and before its submitter is answered. With a recorder that
+   group-commits (:class:`GroupCommitRecorder`, the event log), the event takes its place
+   in the log's order at once, observers are told, then the submitter waits for the fsync;
+   :meth:`Pipeline.submit_all` accepts several events (a registration and its first
+   request) and waits once for all of them, before any of their effects starts.
 4. If the transition entered an in-flight state, its effect is queued for one of
    ``concurrency`` workers. An actor in flight accepts no event that starts another
    effect (the machine says so), so at most one effect per actor runs at a time and its
@@ -31,6 +35,15 @@ are held the same way, beside what the log says, until that sandbox is gone. A k
 free for the actor itself (its next create or restore replaces the old sandbox first), and
 that actor's next effect waits for a cleanup under way.
 
+**Outcomes recovery re-derives are not waited for** (``REDERIVED``, from the effect
+registry: ``sandbox_created``, ``checkpoint_written``). If the agent dies before such an
+outcome is durable, the log leaves the actor in the effect's state and recovery asks runsc,
+which shows the same outcome (a created sandbox, or one whose start ran too; the sandbox
+gone and its image whole): so the follow-up effect (``start``) runs without waiting for the
+fsync, which the follow-up's own outcome then shares. An outcome that starts no effect is
+made durable by the next wait (the worker door's next request or its answer), and at the
+latest :data:`DEFERRED_WINDOW` seconds later. docs/event-log.md, "When an event is durable".
+
 A hung effect holds one worker and one slot until its timeout, then the actor goes to
 ``failed`` with the reason; the other workers keep serving other actors. An effect's
 blocking steps must be abandonable for this to hold (a thread anyio waits for is not:
@@ -43,9 +56,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 import anyio
 import anyio.lowlevel
@@ -53,9 +66,22 @@ from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from substrate_gpu._log import get_logger
-from substrate_gpu.lifecycle import actors, allocation, effects, errors, events, hooks, table
+from substrate_gpu.lifecycle import (
+    actors,
+    allocation,
+    effects,
+    errors,
+    events,
+    hooks,
+    registry,
+    table,
+)
 
 _log = get_logger(__name__)
+
+#: Seconds an outcome left to the next wait (``REDERIVED``, starting no effect) may stay
+#: appended but not durable when no wait comes (module doc).
+DEFERRED_WINDOW: Final = 0.05
 
 
 @runtime_checkable
@@ -69,6 +95,26 @@ class RejectionRecorder(Protocol):
 
     async def record_rejected(self, event: events.Event, state: str, problem: str) -> None:
         """Persist the refusal of ``event`` (unstamped) by an actor in ``state``."""
+        ...
+
+
+@runtime_checkable
+class GroupCommitRecorder(Protocol):
+    """An :class:`~hooks.EventRecorder` that can take an event into its order now and make
+    it durable later (the event log's group commit).
+
+    Optional: with it, the pipeline appends each accepted event synchronously and waits
+    once for a group (:meth:`Pipeline.submit_all`), and leaves an outcome recovery
+    re-derives to the next wait (module doc); without it, every event is ``record``-ed and
+    waited for, one by one.
+    """
+
+    def append(self, event: events.Event) -> None:
+        """Take ``event`` (stamped) into the order now (raises when the log failed)."""
+        ...
+
+    async def durable(self) -> None:
+        """Return once every event appended so far is durable."""
         ...
 
 
@@ -128,6 +174,10 @@ class Pipeline:
         self._context = context
         self._timeouts = {**effects.DEFAULT_TIMEOUTS, **(timeouts or {})}
         self._recorder = recorder
+        given: object = recorder
+        self._group = given if isinstance(given, GroupCommitRecorder) else None
+        self._flush_pending = False
+        """A deferred outcome's bounded flush is scheduled (:meth:`_flush_soon`)."""
         self._metrics = metrics
         self._observers = list(observers)
         self._effects = effect_impls
@@ -197,11 +247,26 @@ class Pipeline:
         return self._pending
 
     async def settle(self) -> None:
-        """Wait until no effect is queued or running (every accepted event acted on)."""
+        """Wait until no effect is queued or running (every accepted event acted on) and
+        every accepted event is durable."""
         while self._pending:
             await self._idle.wait()
+        await self.durable()
+
+    async def durable(self) -> None:
+        """Return once every accepted event is durable (at once without a group-commit
+        recorder: each was recorded before it was observed). Raises
+        :class:`AgentClosedError` once the recorder failed."""
+        self._check_not_broken()
+        await self._until_durable()
 
     # --- accepting events -------------------------------------------------------------------
+
+    def _check_not_broken(self) -> None:
+        if self._broken is not None:
+            raise errors.AgentClosedError(
+                f"the agent stopped accepting events: its event recorder failed: {self._broken}"
+            ) from self._broken
 
     def _check_open(self) -> None:
         if self._broken is not None:
@@ -250,6 +315,51 @@ class Pipeline:
             self._enqueue(_Job(event.actor_id, step.effect, step.event))
         return step
 
+    async def submit_all(self, group: Sequence[events.Event]) -> list[table.Step]:
+        """Accept external events in order, as :meth:`submit` does each, but wait once for
+        all of them to be durable (one fsync with a group-commit recorder, instead of one
+        each), then start their effects. An event refused raises :class:`InvalidEvent`
+        once those accepted before it are durable and their effects queued: they stay
+        accepted."""
+        self._check_open()
+        for event in group:
+            if not event.external:
+                raise errors.InvalidEvent(
+                    event.actor_id,
+                    self.table.state_of(event.actor_id),
+                    event.type,
+                    "effect outcomes are produced by the agent's own effects; submit external "
+                    "events only",
+                )
+        await anyio.lowlevel.checkpoint()
+        steps: list[table.Step] = []
+        jobs: list[_Job] = []
+        try:
+            for event in group:
+                await self._slots.acquire()
+                try:
+                    self._check_open()
+                    step = await self._accept(event, durable=False)
+                except BaseException as e:
+                    self._slots.release()
+                    if isinstance(e, errors.InvalidEvent):
+                        await self._record_rejection(event, e)
+                    raise
+                steps.append(step)
+                if step.effect is None:
+                    self._slots.release()
+                else:
+                    jobs.append(_Job(event.actor_id, step.effect, step.event))
+        finally:
+            try:
+                if steps:
+                    await self._until_durable()
+            finally:
+                # Accepted is acted on (a broken recorder stops each chain before its effect).
+                for job in jobs:
+                    self._enqueue(job)
+        return steps
+
     async def _record_rejection(self, event: events.Event, error: errors.InvalidEvent) -> None:
         recorder: object = self._recorder
         if not isinstance(recorder, RejectionRecorder):
@@ -263,12 +373,14 @@ class Pipeline:
 
     # --- resuming after a restart (recovery from the event log) -----------------------------
 
-    async def reconcile(self, outcome: events.Event) -> table.Step:
+    async def reconcile(self, outcome: events.Event, *, act: bool = True) -> table.Step:
         """Accept an outcome that recovery established by asking the runtime.
 
         The outcome is recorded and observed like any other, and the effect its transition
         enters (e.g. ``start`` after ``sandbox_created``) is started: the chain continues
-        where the crash interrupted it.
+        where the crash interrupted it. ``act`` False: not started, as the runtime showed
+        that effect done too and its outcome is reconciled next (a sandbox whose start ran
+        before its ``sandbox_created`` was durable).
         """
         self._check_open()
         await self._slots.acquire()
@@ -277,7 +389,7 @@ class Pipeline:
         except BaseException:
             self._slots.release()
             raise
-        if step.effect is None:
+        if step.effect is None or not act:
             self._slots.release()
         else:
             self._enqueue(_Job(outcome.actor_id, step.effect, step.event))
@@ -454,7 +566,12 @@ class Pipeline:
         if self._metrics is not None and self._send is not None:
             self._metrics.queue_depth(self._send.statistics().current_buffer_used)
 
-    async def _accept(self, event: events.Event, *, sandbox_may_run: bool = False) -> table.Step:
+    async def _accept(
+        self, event: events.Event, *, durable: bool = True, sandbox_may_run: bool = False
+    ) -> table.Step:
+        """Apply ``event``, take it into the recorder's order, tell observers; then, unless
+        ``durable`` is False (the caller waits later), wait until it is durable.
+        ``sandbox_may_run``: keep the actor's GPUs whatever state the event entered."""
         step = self.table.apply(event)
         # Before any await: the next allocation decision must see this one.
         try:
@@ -465,7 +582,14 @@ class Pipeline:
             # Unreachable while grants come from the allocator: memory and table disagree.
             self._broken = e
             raise
-        if self._recorder is not None:
+        group = self._group
+        if group is not None:
+            try:
+                group.append(step.event)
+            except Exception as e:
+                self._broken = e
+                raise
+        elif self._recorder is not None:
             # Shielded: once applied, the event must be recorded and acted on; a cancelled
             # submit must not leave an actor in flight with no effect queued.
             try:
@@ -474,6 +598,43 @@ class Pipeline:
             except Exception as e:
                 self._broken = e
                 raise
+        self._observe(step)
+        if group is not None and durable:
+            await self._until_durable()
+        return step
+
+    async def _until_durable(self) -> None:
+        """Wait until every appended event is durable (shielded, as recording is)."""
+        if self._group is None:
+            return
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._group.durable()
+        except Exception as e:
+            self._broken = e
+            raise
+
+    def _flush_soon(self) -> None:
+        """Make what was appended durable within :data:`DEFERRED_WINDOW` (an outcome left to
+        the next wait, when none comes)."""
+        if self._flush_pending or self._tg is None:
+            return
+        self._flush_pending = True
+        self._tg.start_soon(self._flush_deferred)
+
+    async def _flush_deferred(self) -> None:
+        try:
+            await anyio.sleep(DEFERRED_WINDOW)
+            self._flush_pending = False
+            await self._until_durable()
+        except Exception:  # noqa: BLE001 (the pipeline is marked broken; submit says why)
+            _log.exception("making a deferred outcome durable failed")
+        finally:
+            self._flush_pending = False
+
+    def _observe(self, step: table.Step) -> None:
+        """Tell the log, the metrics and the observers of ``step`` (once it is in the
+        recorder's order)."""
         accepted = step.event
         transition = hooks.Transition(
             actor_id=accepted.actor_id,
@@ -508,7 +669,6 @@ class Pipeline:
             except Exception:  # noqa: BLE001 (logged; see below)
                 # An observer's bug must not wedge the lifecycle of every actor.
                 _log.exception("transition observer failed", observer=repr(observer))
-        return step
 
     # --- running effects --------------------------------------------------------------------
 
@@ -550,8 +710,9 @@ class Pipeline:
                 raised = True
             if self._metrics is not None:
                 self._metrics.effect_finished(effect, outcome.type, time.monotonic() - started)
+            deferred = outcome.type in registry.REDERIVED
             try:
-                step = await self._accept(outcome, sandbox_may_run=raised)
+                step = await self._accept(outcome, durable=not deferred, sandbox_may_run=raised)
             except errors.InvalidEvent:
                 # The loader checks every in-flight state accepts its effect's outcomes.
                 _log.exception("effect outcome refused by the machine", effect=effect)
@@ -560,4 +721,6 @@ class Pipeline:
                 # The recorder failed: _accept marked the pipeline broken; submit says why.
                 _log.exception("recording an effect outcome failed", effect=effect)
                 return
+            if deferred and step.effect is None:
+                self._flush_soon()
             effect, cause = step.effect, step.event

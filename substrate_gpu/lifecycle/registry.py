@@ -67,6 +67,11 @@ class RecoveryAction(StrEnum):
     """The sandbox is gone: the checkpoint image is the state if whole, else failed."""
     INTERRUPTED = "interrupted"
     """Nothing to ask that would tell: ``effect_timed_out`` (failed, recoverable by retry)."""
+    FOLLOWED = "followed"
+    """The effect completed and so did the one its outcome starts (``RecoveryRule.then``):
+    its outcome is one the pipeline does not wait for (``EffectSpec.rederived``), so the next
+    effect may have run before it was durable. Both ``success`` outcomes are accepted, in
+    order, and the next effect is not run again."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,8 @@ class RecoveryRule:
     first (what the effect itself does when it fails)."""
     why: str = ""
     """Why the rule is safe (the report line's reason for a rerun)."""
+    then: Effect | None = None
+    """For FOLLOWED: the effect this one's success outcome starts."""
 
     def action(self, status: RuntimeStatus) -> RecoveryAction:
         """The action for ``status``."""
@@ -116,6 +123,10 @@ class EffectSpec:
     recovery: RecoveryRule
     success: Callable[[ActorView], events.Event] | None = None
     """The outcome of a completed effect, when recovery can establish one."""
+    rederived: frozenset[Trigger] = frozenset()
+    """Outcomes the pipeline does not wait to be durable before going on: lost in a crash,
+    recovery derives each again from what the runtime shows (``check_registry`` holds the
+    rule to it; docs/event-log.md, "When an event is durable")."""
 
 
 def _restored(view: ActorView) -> events.Event:
@@ -184,10 +195,14 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
             recovery=RecoveryRule(
                 asks_runtime=True,
                 otherwise=RecoveryAction.FAILED,
-                by_status={"created": RecoveryAction.SUCCEEDED},
+                # Running: start ran too, before sandbox_created was durable (rederived).
+                by_status={"created": RecoveryAction.SUCCEEDED, **_alive(RecoveryAction.FOLLOWED)},
                 deletes_leftover=True,
+                then=Effect.START,
             ),
             success=lambda a: events.SandboxCreated(actor_id=a.actor_id),
+            # Start acts on it at once; its own outcome's fsync makes both durable.
+            rederived=frozenset({Trigger.SANDBOX_CREATED}),
         ),
         EffectSpec(
             name=Effect.START,
@@ -296,6 +311,8 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
                 by_status=_alive(RecoveryAction.SANDBOX_RUNS),
                 deletes_leftover=True,
             ),
+            # The effect deleted the sandbox after writing the image: gone, image whole.
+            rederived=frozenset({Trigger.CHECKPOINT_WRITTEN}),
         ),
         EffectSpec(
             name=Effect.CUDA_RESUME,
@@ -389,6 +406,31 @@ def check_registry() -> list[str]:
             cls = events.REGISTRY.get(outcome)
             if cls is None or cls.external:
                 problems.append(f"effect {name}: {outcome!r} is not an outcome event type")
+        problems.extend(_rederivation_problems(spec, sample))
+    return problems
+
+
+def _rederivation_problems(spec: EffectSpec, sample: ActorView) -> list[str]:
+    """A ``rederived`` outcome must be one recovery derives again from the runtime: the
+    effect's ``success`` (some status SUCCEEDED), or ``checkpoint_written`` (IMAGE_IF_WHOLE);
+    a FOLLOWED rule needs ``then``, an effect with a success outcome."""
+    rule = spec.recovery
+    actions = {rule.otherwise, *rule.by_status.values()}
+    derived: set[str] = set()
+    if spec.success is not None and actions & {RecoveryAction.SUCCEEDED, RecoveryAction.FOLLOWED}:
+        derived.add(spec.success(sample).type)
+    if RecoveryAction.IMAGE_IF_WHOLE in actions:
+        derived.add(Trigger.CHECKPOINT_WRITTEN)
+    problems = [
+        f"effect {spec.name}: {outcome!r} is rederived but recovery never derives it"
+        for outcome in sorted(spec.rederived - derived)
+    ]
+    if RecoveryAction.FOLLOWED in actions:
+        following = REGISTRY.get(rule.then) if rule.then is not None else None
+        if following is None or following.success is None or not rule.asks_runtime:
+            problems.append(
+                f"effect {spec.name}: FOLLOWED needs then= an effect with a success outcome"
+            )
     return problems
 
 
@@ -397,6 +439,8 @@ def outcomes(effect: str) -> tuple[str, ...]:
     return tuple(REGISTRY[effect].outcomes)
 
 
+#: Outcomes the pipeline does not wait to be durable before going on (``rederived``).
+REDERIVED: Final = frozenset(o for s in REGISTRY.values() for o in s.rederived)
 #: Effect -> default timeout, seconds.
 DEFAULT_TIMEOUTS: Final[Mapping[str, float]] = {e: s.timeout for e, s in REGISTRY.items()}
 #: Effect -> the AgentMetrics ``effect`` label of its duration.

@@ -101,10 +101,67 @@ def _label_value(value: object) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+class PipeForwarder:
+    """One daemon thread forwarding every open container pipe (epoll, no timeout).
+
+    A thread per pipe, each waking every second to look for its end, cost a worker
+    hosting 1,000 actors 1,000 threads and 1,000 wakeups a second, each taking the GIL
+    from the event loop (what the worker API's calls wait for grew with the live actors:
+    docs/worker-api.md, Performance). Here one thread sleeps in ``epoll_wait`` until a pipe
+    has data or has ended; its work is O(pipes ready), never O(pipes open).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pipes: dict[int, ContainerPipe] = {}
+        self._epoll: select.epoll | None = None
+
+    def add(self, pipe: ContainerPipe, fd: int) -> None:
+        """Forward ``pipe`` (its read end ``fd``) until it ends; the thread starts with the
+        first pipe."""
+        with self._lock:
+            if self._epoll is None:
+                self._epoll = select.epoll()
+                threading.Thread(
+                    target=self._forward,
+                    args=(self._epoll,),
+                    name="substrate-gpu logs",
+                    daemon=True,
+                ).start()
+            self._pipes[fd] = pipe
+            self._epoll.register(fd, select.EPOLLIN)
+
+    def _forward(self, epoll: select.epoll) -> None:
+        while True:
+            try:
+                ready = epoll.poll()
+            except InterruptedError:
+                continue
+            for fd, _ in ready:
+                with self._lock:
+                    pipe = self._pipes.get(fd)
+                if pipe is None or pipe.forward():
+                    continue
+                with self._lock:
+                    # Unregistered before its descriptor is closed (and may be reused).
+                    epoll.unregister(fd)
+                    del self._pipes[fd]
+                pipe.finish()
+
+
+#: The forwarding thread every container pipe of this process shares.
+_FORWARDER: Final = PipeForwarder()
+
+
 class ContainerPipe:
     """One app container's output pipe: forwarded line by line, captured per command."""
 
-    def __init__(self, labels: Mapping[str, str], emit: Callable[[bytes], None]) -> None:
+    def __init__(
+        self,
+        labels: Mapping[str, str],
+        emit: Callable[[bytes], None],
+        forwarder: PipeForwarder = _FORWARDER,
+    ) -> None:
         self._labels = dict(labels)
         self._emit = emit
         self._read, self._write = os.pipe()
@@ -112,11 +169,7 @@ class ContainerPipe:
         self._lock = threading.Lock()
         self._partial = b""
         self._captured = bytearray()
-        self._thread = threading.Thread(
-            target=self._forward, name=f"substrate-gpu log {labels.get(CONTAINER_LABEL)}"
-        )
-        self._thread.daemon = True
-        self._thread.start()
+        forwarder.add(self, self._read)
 
     def fileno(self) -> int:
         """The write end: the command's stdout and stderr (the container's, after it)."""
@@ -138,22 +191,26 @@ class ContainerPipe:
             with contextlib.suppress(OSError):
                 os.close(write)
 
-    def _forward(self) -> None:
-        while True:
-            with contextlib.suppress(InterruptedError):
-                select.select([self._read], [], [], 1.0)
-            with self._lock:
-                if not self._read_available():
-                    break
+    def forward(self) -> bool:
+        """Forward what the pipe holds now (the forwarder's thread); False at its end."""
+        with self._lock:
+            return self._read_available()
+
+    def finish(self) -> None:
+        """At the pipe's end: forward a last line without newline, close the read end."""
         with self._lock:
             if self._partial:
                 self._line(self._partial)
                 self._partial = b""
-        os.close(self._read)
+            read, self._read = self._read, -1
+        if read >= 0:
+            os.close(read)
 
     def _read_available(self) -> bool:
         """Read what the pipe holds now (the lock held); False at end of file."""
         while True:
+            if self._read < 0:
+                return False
             try:
                 chunk = os.read(self._read, 65536)
             except BlockingIOError:

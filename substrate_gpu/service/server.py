@@ -57,7 +57,7 @@ import signal
 import socket
 import stat
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Final
@@ -119,6 +119,33 @@ class AgentService:
         except (eventlog.EventLogError, errors.AgentClosedError) as e:
             self._log_failed(e)
             return unavailable(self.log_failure or str(e))
+
+    async def accept_all(
+        self, group: Sequence[events.Event]
+    ) -> list[hooks.Transition] | protocol.RequestError:
+        """:meth:`accept` of several events in order, durable together (one fsync): their
+        transitions, or why one was not accepted (those before it stay accepted)."""
+        if self.log_failure is not None:
+            return unavailable(self.log_failure)
+        try:
+            return await self.agent.submit_all(group)
+        except errors.InvalidEvent as e:
+            return protocol.classify_refusal(e, self.agent.spec)
+        except (eventlog.EventLogError, errors.AgentClosedError) as e:
+            self._log_failed(e)
+            return unavailable(self.log_failure or str(e))
+
+    async def durable(self) -> protocol.RequestError | None:
+        """Wait until every accepted event is durable (a door does before it answers for
+        one); why not, once the log failed."""
+        if self.log_failure is not None:
+            return unavailable(self.log_failure)
+        try:
+            await self.agent.durable()
+        except (eventlog.EventLogError, errors.AgentClosedError) as e:
+            self._log_failed(e)
+            return unavailable(self.log_failure or str(e))
+        return None
 
     async def handle_line(self, line: bytes, line_number: int) -> bytes | None:
         """The response to one request line; None for a blank line (ignored). Never raises
@@ -587,6 +614,14 @@ class KnownActorRefusals:
     async def record(self, event: events.Event) -> None:
         """Record an accepted event (durable on return)."""
         await self.log.record(event)
+
+    def append(self, event: events.Event) -> None:
+        """Take an accepted event into the log's order (durable with the next batch)."""
+        self.log.append(event)
+
+    async def durable(self) -> None:
+        """Once every event appended so far is durable."""
+        await self.log.durable()
 
     async def record_rejected(self, event: events.Event, state: str, problem: str) -> None:
         """Record a refusal of an event for a known actor (the machine's initial state is

@@ -23,7 +23,7 @@ import contextvars
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -72,26 +72,42 @@ RUNTIME_REFUSALS: Final[Mapping[str, str]] = {
 _recorded_seq: contextvars.ContextVar[int] = contextvars.ContextVar("recorded_seq", default=0)
 
 
-class SeqTap:
-    """An :class:`EventRecorder` that notes each recorded ``seq`` for the recording task."""
+class LogRecorder(
+    hooks.EventRecorder, pipeline.GroupCommitRecorder, pipeline.RejectionRecorder, Protocol
+):
+    """What :class:`SeqTap` forwards to: the event log (group commit, refusals)."""
 
-    def __init__(self, inner: hooks.EventRecorder | None) -> None:
+
+class SeqTap:
+    """An :class:`EventRecorder` (group-committing) that notes each recorded ``seq`` for
+    the recording task."""
+
+    def __init__(self, inner: LogRecorder | None) -> None:
         self._inner = inner
         self.last_seq = 0
         """The last seq recorded by any task."""
 
     async def record(self, event: events.Event) -> None:
         """Note the seq (synchronously), then hand the event to the real recorder."""
+        self.append(event)
+        await self.durable()
+
+    def append(self, event: events.Event) -> None:
+        """Note the seq, and take the event into the real recorder's order (synchronous)."""
         _recorded_seq.set(event.seq)
         self.last_seq = max(self.last_seq, event.seq)
         if self._inner is not None:
-            await self._inner.record(event)
+            self._inner.append(event)
+
+    async def durable(self) -> None:
+        """Once every event appended so far is durable."""
+        if self._inner is not None:
+            await self._inner.durable()
 
     async def record_rejected(self, event: events.Event, state: str, problem: str) -> None:
         """Forward a refusal to the real recorder when it logs refusals (the event log)."""
-        inner: object = self._inner
-        if isinstance(inner, pipeline.RejectionRecorder):
-            await inner.record_rejected(event, state, problem)
+        if self._inner is not None:
+            await self._inner.record_rejected(event, state, problem)
 
     @staticmethod
     def seq_of_last_submit() -> int:

@@ -12,8 +12,9 @@ agent's own event loop. Each call becomes events submitted through the same
   activation's start) is kept on the actor (``ActorRegistered.identity``): it is in the log,
   so a restarted agent still knows which actor is which UID's.
 - **Run** registers the sandbox (``_pause`` + the request's app containers, bundles in
-  ``actor_dirs.oci_bundle_dir``), then ``run_requested``, and answers once the actor is
-  ``running``; **Checkpoint** (FULL) is ``suspend_requested`` into ``actor_dirs.checkpoint_dir``
+  ``actor_dirs.oci_bundle_dir``, composed and sized first), then ``run_requested`` (the
+  three durable together: one fsync), and answers once the actor is ``running`` and that
+  is durable; **Checkpoint** (FULL) is ``suspend_requested`` into ``actor_dirs.checkpoint_dir``
   then ``delete_requested`` (the workload is torn down, as upstream); **Restore** (FULL)
   registers a new activation and ``restore_requested`` from ``actor_dirs.restore_dir``;
   **Terminate** is ``delete_requested`` (app containers first, ``_pause`` last: the delete
@@ -49,7 +50,7 @@ import hashlib
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Final, Protocol, TypeVar
@@ -69,6 +70,7 @@ from substrate_gpu.rootfs import overlay
 from substrate_gpu.runsc import api as runsc_api
 from substrate_gpu.service import (
     _socketfile,
+    activations,
     actor_log,
     cgroup_stats,
     durable_dirs,
@@ -125,10 +127,6 @@ WATCH_INTERVAL: Final = 2.0
 STALLED_AFTER: Final = 10.0
 
 
-#: States of an activation whose stats reader is closed: deleted, or no longer known.
-_GONE: Final = frozenset({"deleted", None})
-
-
 class Door(Protocol):
     """Where events are submitted: the agent's ``AgentService`` (the JSON door's too)."""
 
@@ -139,6 +137,17 @@ class Door(Protocol):
 
     async def accept(self, event: events.Event) -> hooks.Transition | protocol.RequestError:
         """Submit ``event``: its transition, or why it was not accepted."""
+        ...
+
+    async def accept_all(
+        self, group: Sequence[events.Event]
+    ) -> list[hooks.Transition] | protocol.RequestError:
+        """Submit ``group`` in order, durable together: the transitions, or why one was not
+        accepted (those before it stay accepted)."""
+        ...
+
+    async def durable(self) -> protocol.RequestError | None:
+        """Wait until every accepted event is durable; why not, once the log failed."""
         ...
 
     def reject(self, error: protocol.RequestError, line_number: int) -> bytes:
@@ -307,8 +316,10 @@ class WorkerService:
         self._cgroup_root = cgroup_root
         self._cgroups: dict[str, str | None] = {}
         self._readers: dict[str, cgroup_stats.CgroupReader] = {}
-        self._by_uid: dict[str, list[str]] = {}
-        self._indexed = -1  # the agent's actor count _by_uid accounts for (-1: not built)
+        self._activations = activations.Activations(self._agent)
+        """Live activations per UID, kept as transitions happen (O(live), not O(actors))."""
+        self._composed: dict[str, bool] = {}
+        """Whether the rootfs of an activation this agent prepared was composed (mounted)."""
         # Held while the readers' descriptors are read (in a thread) or closed.
         self._stats_lock = anyio.Lock()
         self._locks = _UidLocks()
@@ -360,9 +371,11 @@ class WorkerService:
         workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
         workload = self._staged(workload, request.runsc_path)
 
+        def boot(actor_id: str) -> events.Event:
+            return events.RunRequested(actor_id=actor_id)
+
         async def run(call: _Call) -> None:
-            actor_id = await self._activate(call, request, workload, durable)
-            await self._reach(actor_id, events.RunRequested(actor_id=actor_id), "running", "run")
+            actor_id = await self._activate(call, request, workload, durable, boot=boot, what="run")
             await self._woken(actor_id, probes)
 
         await self._startup(uid, "RunWorkload", run)
@@ -386,16 +399,18 @@ class WorkerService:
             )
         workload = self._staged(workload, request.runsc_path)
 
-        async def restore(call: _Call) -> None:
-            actor_id = await self._activate(call, request, workload, durable, restore_from=image)
+        def boot(actor_id: str) -> events.Event:
             if scope == pb.SNAPSHOT_SCOPE_DATA:
                 # Upstream's DATA restore is a cold boot on the restored volumes.
-                boot: events.Event = events.RunRequested(actor_id=actor_id)
-            else:
-                # runsc restore only reads the image: restore_dir is left as it is whether
-                # or not preserve_restore_dir is set (tests/runsc/test_real_worker_api.py).
-                boot = events.RestoreRequested(actor_id=actor_id, image_path=str(image))
-            await self._reach(actor_id, boot, "running", "restore")
+                return events.RunRequested(actor_id=actor_id)
+            # runsc restore only reads the image: restore_dir is left as it is whether or
+            # not preserve_restore_dir is set (tests/runsc/test_real_worker_api.py).
+            return events.RestoreRequested(actor_id=actor_id, image_path=str(image))
+
+        async def restore(call: _Call) -> None:
+            actor_id = await self._activate(
+                call, request, workload, durable, boot=boot, what="restore", restore_from=image
+            )
             await self._woken(actor_id, probes)
 
         await self._startup(uid, "RestoreWorkload", restore)
@@ -463,8 +478,16 @@ class WorkerService:
                     )
                 else:
                     suspend = events.SuspendRequested(actor_id=view.actor_id, image_path=directory)
+                    # Not answered on: the teardown's delete makes checkpoint_written
+                    # durable with its own request (one fsync: the pipeline does not wait
+                    # for it, recovery derives it again; docs/event-log.md).
                     await self._reach(
-                        view.actor_id, suspend, "suspended", "checkpoint", cleanup=False
+                        view.actor_id,
+                        suspend,
+                        "suspended",
+                        "checkpoint",
+                        cleanup=False,
+                        answered=False,
                     )
                     if volumes:
                         # The sandbox is checkpointed (stopped): its volumes hold still.
@@ -515,7 +538,8 @@ class WorkerService:
         self, request: pb.GetActiveWorkloadStatsRequest
     ) -> pb.GetActiveWorkloadStatsResponse:
         """A sample per live activation (empty: this worker executes nothing)."""
-        views = [v for v in self._agent.actors() if self._uid_of(v) and v.state != "deleted"]
+        found = (self._agent.actor(a) for a in self._activations.all_live())
+        views = [v for v in found if v is not None]
         return pb.GetActiveWorkloadStatsResponse(samples=await self._samples(views))
 
     # --- Run and Restore: abandonable, undone when abandoned ----------------------------------
@@ -806,45 +830,14 @@ class WorkerService:
     def _identity_of(self, actor_id: str) -> dict[str, str] | None:
         """The request identity of activation ``actor_id``; None for another actor."""
         view = self._agent.actor(actor_id)
-        if view is None or not self._uid_of(view):
+        if view is None or not activations.uid_of(view):
             return None
         return dict(view.identity)
 
-    @staticmethod
-    def _uid_of(view: actors.ActorView) -> str:
-        return view.identity.get("actor_uid", "")
-
     def _live(self, uid: str) -> actors.ActorView | None:
-        """The UID's activation that is not deleted (the newest), or None."""
-        live = [v for v in self._activations(uid) if v.state != "deleted"]
-        return live[-1] if live else None
-
-    def _activations(self, uid: str) -> list[actors.ActorView]:
-        """The UID's activations, oldest first (O(its activations), not O(actors))."""
-        found = (self._agent.actor(actor_id) for actor_id in self._index().get(uid, ()))
-        return sorted((v for v in found if v is not None), key=_activation_number)
-
-    def _index(self) -> dict[str, list[str]]:
-        """UID → its activations' actor ids. A lookup through a snapshot of every actor
-        cost each Run several O(actors) passes (+40 ms of the door's share at 150 live
-        actors); this map is kept up to date by :meth:`_register`, and rebuilt from the
-        agent's table whenever its size says something else changed it (recovery at start,
-        the JSON door registering an actor with an ``actor_uid`` identity)."""
-        if len(self._agent) != self._indexed:
-            index: dict[str, list[str]] = {}
-            for view in self._agent.actors():
-                if uid := self._uid_of(view):
-                    index.setdefault(uid, []).append(view.actor_id)
-            self._by_uid, self._indexed = index, len(self._agent)
-        return self._by_uid
-
-    def _indexed_registration(self, uid: str, actor_id: str) -> None:
-        """Account for the activation :meth:`_register` just made. The agent's table only
-        grows, and it holds this one: grown by exactly one since the map was built, this is
-        the one; by more, the next :meth:`_index` rebuilds the map."""
-        if self._indexed >= 0 and len(self._agent) == self._indexed + 1:
-            self._by_uid.setdefault(uid, []).append(actor_id)
-            self._indexed += 1
+        """The UID's activation that is not deleted (the newest), or None (O(1))."""
+        actor_id = self._activations.live(uid)
+        return self._agent.actor(actor_id) if actor_id is not None else None
 
     def _not_executing(self, uid: str) -> None:
         view = self._live(uid)
@@ -862,10 +855,17 @@ class WorkerService:
         workload: worker_requests.Workload,
         durable: tuple[durable_dirs.DurableMount, ...],
         *,
+        boot: Callable[[str], events.Event],
+        what: str,
         restore_from: Path | None = None,
     ) -> str:
-        """Under the UID's lock: a new activation registered and sized (Run and Restore),
-        its durable-dir volumes bound (and, from ``restore_from``, extracted) first."""
+        """Under the UID's lock: a new activation, booted (Run and Restore) until it runs.
+
+        Its durable-dir volumes are bound (and, from ``restore_from``, extracted) and its
+        bundles composed and edited first, before anything is registered; then its
+        registration, its prepared bundle and ``boot`` (the run or restore request) are
+        submitted as one group: durable with one fsync of the event log, before the first
+        effect starts (each submitted alone cost a thread hop and an fsync wait)."""
         uid = call.uid
         self._not_draining()  # SIGTERM may have come while this call waited for the lock
         view = self._live(uid)
@@ -874,65 +874,76 @@ class WorkerService:
             # activation was deleted (the teardown's last step): finish it.
             await self._delete(view.actor_id)
         self._not_executing(uid)
-        self._admit(uid)
-        try:
-            await self._prepare_volumes(
-                workload,
-                durable,
-                Path(request.actor_dirs.durable_dir_volume_mounts_dir),
-                restore_from,
-            )
+        with self._admitted(uid):
+            actor_id = self._new_activation(uid)
             try:
+                await self._prepare_volumes(
+                    workload,
+                    durable,
+                    Path(request.actor_dirs.durable_dir_volume_mounts_dir),
+                    restore_from,
+                )
                 # Not abandonable: a compose the caller gave up on finishes, and is undone
                 # here (a thread left running would mount after the unmount).
                 with anyio.CancelScope(shield=True):
-                    await self._compose(workload)
-                actor_id = await self._register(call, request, workload)
+                    self._cgroups[actor_id] = await self._prepare_bundles(
+                        workload, actor_id, request
+                    )
+                registration = self._registration(call, request, workload, actor_id)
             except BaseException:
                 if call.made is None:
+                    self._composed.pop(actor_id, None)
                     await self._unmount(workload.bundle_dir)
                 raise
-        finally:
-            self._admitting.discard(uid)
-        self._cgroups[actor_id] = await _blocking.run_abandonable(
-            functools.partial(
-                worker_requests.apply_size,
+            try:
+                await self._reach(actor_id, (*registration, boot(actor_id)), "running", what)
+            except BaseException:
+                if self._agent.actor(actor_id) is None:  # nothing was registered
+                    self._composed.pop(actor_id, None)
+                    await self._unmount(workload.bundle_dir)
+                raise
+        return actor_id
+
+    async def _prepare_bundles(
+        self,
+        workload: worker_requests.Workload,
+        actor_id: str,
+        request: pb.RunWorkloadRequest | pb.RestoreWorkloadRequest,
+    ) -> str:
+        """In one thread hop: each container's rootfs composed as atelet's
+        ``rootfs-overlay.json`` asks, before runsc creates it (upstream's
+        ``imagecache.SetupBundleRootfs``; :mod:`..rootfs.overlay`), then every config edited
+        once (:func:`~.worker_requests.edit_configs`: sized, placed in the sandbox, on the
+        pod's network when asked); the sandbox's cgroup. Composing, sizing and the pod's
+        network were a hop each."""
+        containers = (sandbox.PAUSE, *workload.containers)
+
+        def prepare() -> tuple[tuple[str, ...], str]:
+            composed = overlay.compose_bundle(
+                workload.bundle_dir, containers, layers_dir=self._layers_dir
+            )
+            cgroup = worker_requests.edit_configs(
                 workload.bundle_dir,
+                workload.containers,
                 actor_id,
                 request.cpu_milli,
                 request.memory_bytes,
-            ),
-            name="substrate-gpu size bundle",
-        )
-        if self._pod_network:
-            await _blocking.run_abandonable(
-                functools.partial(
-                    worker_requests.join_pod_network, workload.bundle_dir, workload.containers
-                ),
-                name="substrate-gpu pod network",
+                pod_network=self._pod_network,
             )
-        return actor_id
+            return composed, cgroup
 
-    async def _compose(self, workload: worker_requests.Workload) -> None:
-        """Each container's rootfs as atelet's ``rootfs-overlay.json`` asks, before runsc
-        creates it (upstream's ``imagecache.SetupBundleRootfs``; :mod:`..rootfs.overlay`)."""
-        containers = (sandbox.PAUSE, *workload.containers)
         try:
-            composed = await _blocking.run_abandonable(
-                functools.partial(
-                    overlay.compose_bundle,
-                    workload.bundle_dir,
-                    containers,
-                    layers_dir=self._layers_dir,
-                ),
-                name="substrate-gpu compose rootfs",
+            composed, cgroup = await _blocking.run_abandonable(
+                prepare, name="substrate-gpu prepare bundles"
             )
         except overlay.OverlayError as e:
             if e.bad_input:
                 raise worker_requests.BadRequest(str(e)) from e
             raise CallError(grpc.StatusCode.INTERNAL, str(e)) from e
+        self._composed[actor_id] = bool(composed)
         if composed:
             log.info("rootfs composed", bundle=str(workload.bundle_dir), containers=composed)
+        return cgroup
 
     async def _unmount(self, bundle_dir: Path) -> None:
         """Detach every mount under an activation's bundle directory (upstream's
@@ -947,34 +958,39 @@ class WorkerService:
             except OSError as e:
                 log.warning("rootfs unmount failed", bundle=str(bundle_dir), error=str(e))
 
-    def _admit(self, uid: str) -> None:
-        """Reserve the UID's slot, or refuse as upstream's worker does when it is full.
-
-        A slot is held from here until the activation is deleted; UIDs being admitted count
-        too, so concurrent Runs of different UIDs cannot overfill the worker."""
-        hosted = {
-            uid
-            for uid, ids in self._index().items()
-            if any(self._agent.state_of(actor_id) not in _GONE for actor_id in ids)
-        }
-        if len(hosted | self._admitting) >= self._max_actors:
+    @contextlib.contextmanager
+    def _admitted(self, uid: str) -> Iterator[None]:
+        """Hold the UID's slot while inside, or refuse as upstream's worker does when it is
+        full. A slot is held from here until the activation is deleted (it is live from
+        its registration on); UIDs being admitted count too, so concurrent Runs of
+        different UIDs cannot overfill the worker (O(calls being admitted))."""
+        admitting = sum(1 for u in self._admitting if not self._activations.is_hosted(u))
+        if self._activations.hosted() + admitting >= self._max_actors:
             raise CallError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, f"worker is full: {self._max_actors} actors"
             )
         self._admitting.add(uid)
+        try:
+            yield
+        finally:
+            self._admitting.discard(uid)
 
-    async def _register(
+    def _new_activation(self, uid: str) -> str:
+        """The id of the UID's next activation, ``<uid>.<n>`` (an id another door took is
+        skipped)."""
+        n = self._activations.next_number(uid)
+        while self._agent.actor(f"{uid}.{n}") is not None:
+            n += 1
+        return f"{uid}.{n}"
+
+    def _registration(
         self,
         call: _Call,
         request: pb.RunWorkloadRequest | pb.RestoreWorkloadRequest,
         workload: worker_requests.Workload,
-    ) -> str:
-        """A new activation of the request's UID, registered and its bundle prepared."""
-        uid = request.actor_uid
-        n = len(self._activations(uid)) + 1
-        while self._agent.actor(f"{uid}.{n}") is not None:
-            n += 1
-        actor_id = f"{uid}.{n}"
+        actor_id: str,
+    ) -> tuple[events.Event, events.Event]:
+        """The events that register activation ``actor_id`` with its prepared bundle."""
         call.made = actor_id  # before it exists: an abandoned call deletes it if it does
         identity = {name: getattr(request, name) for name in IDENTITY_FIELDS}
         identity[EPOCH_KEY] = str(time.time_ns())
@@ -984,7 +1000,7 @@ class WorkerService:
             # ``_pause`` alone (upstream boots it and no app): a one-container sandbox, the
             # machine's single-container actor on ``_pause``'s bundle. No app, no GPU.
             gpu, bundle = False, str(workload.bundle_dir / worker_requests.PAUSE)
-        await self._submit(
+        return (
             events.ActorRegistered(
                 actor_id=actor_id,
                 gpu=gpu,
@@ -994,32 +1010,50 @@ class WorkerService:
                 container_gpus=dict(workload.container_gpus),
                 runsc=workload.runsc,
                 identity=identity,
-            )
+            ),
+            events.BundlePrepared(actor_id=actor_id, bundle=bundle),
         )
-        self._indexed_registration(uid, actor_id)
-        await self._submit(events.BundlePrepared(actor_id=actor_id, bundle=bundle))
-        return actor_id
 
     async def _submit(self, event: events.Event) -> hooks.Transition:
         accepted = await self._service.accept(event)
         if isinstance(accepted, protocol.RequestError):
             self._service.reject(accepted, 0)
-            code = (
-                grpc.StatusCode.UNAVAILABLE
-                if accepted.kind == "unavailable"
-                else grpc.StatusCode.INVALID_ARGUMENT
-                if accepted.kind in {"schema", "malformed"}
-                else grpc.StatusCode.FAILED_PRECONDITION
-            )
-            raise CallError(code, accepted.message)
+            raise CallError(_refusal_code(accepted), accepted.message)
         return accepted
 
+    async def _submit_all(self, group: Sequence[events.Event]) -> list[hooks.Transition]:
+        accepted = await self._service.accept_all(group)
+        if isinstance(accepted, protocol.RequestError):
+            self._service.reject(accepted, 0)
+            raise CallError(_refusal_code(accepted), accepted.message)
+        return accepted
+
+    async def _durable(self) -> None:
+        """Before answering: every event accepted so far is durable (an observer, this door,
+        may see a transition before its event is: docs/event-log.md)."""
+        failed = await self._service.durable()
+        if failed is not None:
+            self._service.reject(failed, 0)
+            raise CallError(_refusal_code(failed), failed.message)
+
     async def _reach(
-        self, actor_id: str, event: events.Event, goal: str, what: str, *, cleanup: bool = True
+        self,
+        actor_id: str,
+        event: events.Event | Sequence[events.Event],
+        goal: str,
+        what: str,
+        *,
+        cleanup: bool = True,
+        answered: bool = True,
     ) -> None:
-        """Submit ``event`` and wait until the actor rests; an error unless it rests in
-        ``goal``. ``cleanup``: a failed activation is deleted before answering."""
-        rested = await self._until_rest(actor_id, event)
+        """Submit ``event`` (or a group, durable together, the last one the request) and wait
+        until the actor rests; an error unless it rests in ``goal``. ``cleanup``: a failed
+        activation is deleted before answering. ``answered``: the call answers on this rest,
+        so it is durable first (False: a later submit of the call makes it durable)."""
+        group = (event,) if isinstance(event, events.Event) else tuple(event)
+        rested = await self._until_rest(actor_id, group)
+        if answered:
+            await self._durable()
         if rested.dest == goal:
             return
         view = self._agent.actor(actor_id)
@@ -1038,11 +1072,15 @@ class WorkerService:
                     log.warning("cleanup after a failed call failed", actor=actor_id, error=str(e))
         raise error
 
-    async def _until_rest(self, actor_id: str, event: events.Event) -> hooks.Transition:
-        """Submit ``event``; the transition that left the actor in a state with no effect."""
+    async def _until_rest(self, actor_id: str, group: Sequence[events.Event]) -> hooks.Transition:
+        """Submit ``group`` (the last event is the request); the transition that left the
+        actor in a state with no effect."""
         in_flight = self._agent.spec.effects
         async with self._agent.subscribe(buffer=100_000) as transitions:
-            submitted = await self._submit(event)
+            if len(group) == 1:
+                submitted = await self._submit(group[0])
+            else:
+                submitted = (await self._submit_all(group))[-1]
             if submitted.dest not in in_flight:
                 return submitted
             ours = False
@@ -1085,7 +1123,10 @@ class WorkerService:
         mounts under its bundle directory (its composed rootfs); an error if it fails."""
         await self._delete_sandbox(actor_id)
         view = self._agent.actor(actor_id)
-        if view is not None and view.bundle:
+        # An activation this agent prepared with nothing composed has nothing mounted (a
+        # thread hop saved per teardown); one it did not prepare (an agent restarted on its
+        # log) may have.
+        if view is not None and view.bundle and self._composed.pop(actor_id, True):
             await self._unmount(Path(view.bundle))
 
     async def _delete_sandbox(self, actor_id: str) -> None:
@@ -1100,7 +1141,7 @@ class WorkerService:
         """At start: detach the composed rootfs of activations the event log says are
         deleted (an earlier agent was killed between the delete and the unmount, or the
         recovery deleted them), unless a live activation uses the same bundle directory."""
-        views = [v for v in self._agent.actors() if self._uid_of(v) and v.bundle]
+        views = [v for v in self._agent.actors() if activations.uid_of(v) and v.bundle]
         live = {v.bundle for v in views if v.state != "deleted"}
         stale = {v.bundle for v in views if v.state == "deleted"} - live
         if not stale:
@@ -1153,8 +1194,10 @@ class WorkerService:
                 reader = self._readers[view.actor_id] = cgroup_stats.CgroupReader(files)
             readers.append(reader)
         async with self._stats_lock:
-            for actor_id in [a for a in self._readers if self._agent.state_of(a) in _GONE]:
+            for actor_id in [a for a in self._readers if not self._activations.is_live(a)]:
                 self._readers.pop(actor_id).close()
+            for actor_id in [a for a in self._cgroups if self._agent.state_of(a) == "deleted"]:
+                del self._cgroups[actor_id]
             readings = await anyio.to_thread.run_sync(cgroup_stats.read_many, readers)
         return [self._sample(v, r) for v, r in zip(views, readings, strict=True)]
 
@@ -1224,7 +1267,7 @@ class WorkerService:
         sessions = [
             v
             for v in self._agent.actors()
-            if self._uid_of(v) and v.state == "running" and v.containers
+            if activations.uid_of(v) and v.state == "running" and v.containers
         ]
         if not sessions or self._runtime is None:
             log.info("no app container to stop at shutdown", actors=len(sessions))
@@ -1340,10 +1383,13 @@ class WorkerService:
         return answer
 
 
-def _activation_number(view: actors.ActorView) -> int:
-    """``n`` of an actor ``<uid>.<n>`` (0 for one the JSON door registered otherwise)."""
-    suffix = view.actor_id.rpartition(".")[2]
-    return int(suffix) if suffix.isdigit() else 0
+def _refusal_code(error: protocol.RequestError) -> grpc.StatusCode:
+    """The status of a call whose event the door refused, by the kind of refusal."""
+    if error.kind == "unavailable":
+        return grpc.StatusCode.UNAVAILABLE
+    if error.kind in {"schema", "malformed"}:
+        return grpc.StatusCode.INVALID_ARGUMENT
+    return grpc.StatusCode.FAILED_PRECONDITION
 
 
 def _serialize(response: message.Message) -> bytes:

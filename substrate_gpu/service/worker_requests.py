@@ -1,7 +1,7 @@
 """From a worker API request to what our machine is told: checks, GPUs, sizing.
 
 Pure where it can be: :func:`check_uid`, :func:`check_containers` and :func:`sized` work on
-values; :func:`read_workload` and :func:`apply_size` read and write the bundles atelet
+values; :func:`read_workload` and :func:`edit_configs` read and write the bundles atelet
 prepared, confined to ``actor_dirs.oci_bundle_dir`` (:mod:`substrate_gpu._bundle`: a link
 anywhere under it, or a FIFO for a config.json, is refused at once) and in a thread (the
 servicer runs them off the event loop). Every refusal is a :class:`BadRequest` naming the
@@ -10,6 +10,7 @@ request field (or the file) at fault, which the servicer answers with ``INVALID_
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -24,7 +25,7 @@ from google.protobuf import descriptor, message
 
 from substrate_gpu import _bundle, exceptions
 from substrate_gpu.cdi import names
-from substrate_gpu.lifecycle import events
+from substrate_gpu.lifecycle import events, sandbox
 
 PAUSE: Final = events.PAUSE_CONTAINER
 """The sandbox's root container, implied by every request (upstream's ``PauseContainer``)."""
@@ -37,7 +38,7 @@ UID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,100}")
 CDI_ANNOTATION_PREFIX: Final = "cdi.k8s.io/"
 #: The cgroup v2 ``cpu.max`` period the CPU quota is expressed against (the kernel's default).
 CPU_PERIOD_USEC: Final = 100_000
-#: Where a sandbox's cgroup goes when its root bundle names none (see :func:`apply_size`).
+#: Where a sandbox's cgroup goes when its root bundle names none (see :func:`edit_configs`).
 CGROUP_PARENT: Final = "/substrate-gpu"
 
 
@@ -311,40 +312,57 @@ def sized(config: dict[str, object], cpu_milli: int, memory_bytes: int, cgroup: 
     return path
 
 
-def apply_size(bundle_dir: Path, actor_id: str, cpu_milli: int, memory_bytes: int) -> str:
-    """:func:`sized` on ``_pause``'s config.json (rewritten atomically, in the directory it
-    was read from); the sandbox's cgroup. Blocks: run it in a thread."""
-    try:
-        with _bundle.open_container(bundle_dir, PAUSE) as bundle:
-            config, mode = bundle.read_config()
-            cgroup = sized(config, cpu_milli, memory_bytes, f"{CGROUP_PARENT}/{actor_id}")
-            bundle.write_config(config, mode)
-    except _bundle.BundleFileError as e:
-        raise _bad_bundle(e) from e
-    return cgroup
-
-
-def join_pod_network(bundle_dir: Path, containers: Sequence[str]) -> None:
-    """Every container's config without a network namespace of its own (``linux.namespaces``
-    loses its ``network`` entry), so the sandbox runs on the agent's, the worker pod's
-    (``--sandbox-network pod``, with runsc ``--network=host``). Blocks: run it in a thread."""
+def edit_configs(
+    bundle_dir: Path,
+    containers: Sequence[str],
+    actor_id: str,
+    cpu_milli: int,
+    memory_bytes: int,
+    *,
+    pod_network: bool,
+) -> str:
+    """Every edit the worker makes to the sandbox's configs, one read and at most one atomic
+    write per container's config.json (in the directory it was read from): ``_pause`` sized
+    (:func:`sized`; its cgroup returned); in a sandbox with app containers, each container
+    given the CRI annotations that place it in the sandbox (what the create effect writes
+    otherwise: it then finds them there and writes nothing; a config it cannot annotate is
+    left to it, to fail as it does); with ``pod_network`` (``--sandbox-network pod``, with
+    runsc ``--network=host``), no network namespace of its own, so the sandbox runs on the
+    worker pod's. Blocks: run it in a thread."""
+    cgroup = ""
     for container in (PAUSE, *containers):
         try:
             with _bundle.open_container(bundle_dir, container) as bundle:
                 config, mode = bundle.read_config()
-                linux = config.get("linux")
-                spaces = linux.get("namespaces") if isinstance(linux, dict) else None
-                if not isinstance(spaces, list):
-                    continue
-                kept = [
-                    n for n in spaces if not (isinstance(n, dict) and n.get("type") == "network")
-                ]
-                if len(kept) != len(spaces):
-                    assert isinstance(linux, dict)
-                    linux["namespaces"] = kept
+                changed = container == PAUSE
+                if container == PAUSE:
+                    cgroup = sized(config, cpu_milli, memory_bytes, f"{CGROUP_PARENT}/{actor_id}")
+                if containers:
+                    with contextlib.suppress(ValueError):
+                        if (placed := sandbox.annotated(config, container)) is not None:
+                            config, changed = placed, True
+                if pod_network and _left_network(config):
+                    changed = True
+                if changed:
                     bundle.write_config(config, mode)
         except _bundle.BundleFileError as e:
             raise _bad_bundle(e) from e
+    return cgroup
+
+
+def _left_network(config: dict[str, object]) -> bool:
+    """Drop ``linux.namespaces``' ``network`` entry from ``config`` (in place); whether
+    there was one."""
+    linux = config.get("linux")
+    spaces = linux.get("namespaces") if isinstance(linux, dict) else None
+    if not isinstance(spaces, list):
+        return False
+    kept = [n for n in spaces if not (isinstance(n, dict) and n.get("type") == "network")]
+    if len(kept) == len(spaces):
+        return False
+    assert isinstance(linux, dict)
+    linux["namespaces"] = kept
+    return True
 
 
 def read_pause_config(bundle_dir: Path) -> dict[str, object]:

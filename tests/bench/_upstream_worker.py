@@ -2,8 +2,16 @@
 (imported by bench_worker_api.py; not a benchmark itself).
 
 The binary is built from an upstream snapshot outside this repository (the Go module proxy
-does not serve agent-substrate, so CI cannot build it): the arm runs only when it is given
-one, ``--upstream-worker PATH`` or ``SUBSTRATE_GPU_UPSTREAM_WORKER``. Its gRPC service at that
+does not serve agent-substrate, and CI cannot reach GitHub, so CI cannot build it): the arm
+runs only when it is given one, ``--upstream-worker PATH`` or ``SUBSTRATE_GPU_UPSTREAM_WORKER``.
+``scripts/build-upstream-worker.sh SRC_DIR`` builds it from an agent-substrate checkout or
+bare mirror (commit 86e138f, checked; ``go build -mod=vendor ./cmd/ateom-gvisor``, its
+dependencies vendored) into ``${SUBSTRATE_GPU_CACHE:-/var/cache/substrate-gpu}/upstream-worker/86e138f/``,
+with the snapshot's source beside it in ``src/`` (what :func:`default_source` finds), reused
+while its recorded sha256 matches, and prints the path to pass::
+
+    python tests/bench/bench_worker_api.py --upstream-worker \
+        "$(scripts/build-upstream-worker.sh /path/to/agent-substrate)" Its gRPC service at that
 snapshot (86e138f) is ``ateom.Ateom``; the client is generated at run time with grpcio-tools
 from that snapshot's own ``internal/proto/ateompb/ateom.proto`` into a temporary directory, so
 no upstream file is committed here.

@@ -4,7 +4,8 @@ directly, and vs upstream's own gVisor worker when given, side by side in one ru
 
     .venv/bin/python tests/bench/bench_worker_api.py [--rounds 10] [--load N]
         [--upstream-worker PATH [--upstream-source DIR]] [--smoke]
-    .venv/bin/python tests/bench/bench_worker_api.py --scale 1000 [--load N]
+    .venv/bin/python tests/bench/bench_worker_api.py --scale 1000 [--load N] [--profile]
+    .venv/bin/python tests/bench/bench_worker_api.py --hops [--rounds 3]
 
 Needs the runsc scripts/build-runsc.sh builds (``--platform=systrap --network=none``, as the
 tests run it) and root. Per call, the median over the rounds and its interquartile range:
@@ -39,7 +40,12 @@ log).
 to read), Run→running of a probe actor at 1 live actor (before the others come up and after
 they went) vs at N live, split into runsc's share and the door's, and
 GetActiveWorkloadStats at both. Target at N live: Run within +10 %, GetActiveWorkloadStats
-≤ 50 ms. ``--smoke``: one round, a scale of 4, no verdicts.
+≤ 50 ms. With ``--profile``, also the Python calls the agent's event loop makes per Run at
+each end (cProfile, windows toggled by SIGUSR1: a count that says what grows with the
+actors however busy the machine is; its times are inflated by the profiler). ``--hops`` instead: per call, the agent's thread hops, threads started, fsyncs,
+event-log records, batches and waits, and runsc commands, counted in the agent process
+(``_hops.py``): what a saturated node makes each call wait for, read the same however busy
+the machine is. ``--smoke``: one round, a scale of 4, the hops of one round, no verdicts.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import _hops
 import _targets
 import _upstream_worker
 from service import workerclient
@@ -258,8 +265,8 @@ def _upstream_arm(
     if not binary:
         print(
             "upstream's worker arm: skipped (no binary: pass --upstream-worker PATH or set "
-            f"{_upstream_worker.ENV}; it is built from an agent-substrate snapshot, "
-            "`go build -mod=vendor ./cmd/ateom-gvisor`)"
+            f"{_upstream_worker.ENV}; scripts/build-upstream-worker.sh SRC_DIR builds it from "
+            "an agent-substrate checkout or mirror and prints PATH)"
         )
         return None
     path = Path(binary)
@@ -277,15 +284,20 @@ def _start_agent(
     extra: list[str],
     env: dict[str, str] | None = None,
     event_log: Path | None = None,
+    hops: Path | None = None,
+    profile: Path | None = None,
 ) -> subprocess.Popen[bytes]:
+    """The agent process; ``hops``: counting its hops into that file; ``profile``: profiled
+    between pairs of SIGUSR1, into ``<profile>.<n>`` (``_hops.py``)."""
     flags = [f"--runsc-flag={f}" for f in real_runsc.GLOBAL_FLAGS]
+    command = [sys.executable, "-m", "substrate_gpu"]
+    if profile is not None:
+        command = _hops.profiled_argv(profile, [])
     # The child writes its own copy of the descriptor; the file is read back by path.
     with (base / "agent.stderr").open("w") as stderr:
         return subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "substrate_gpu",
+                *(command if hops is None else _hops.argv(hops, [])),
                 "--log-level",
                 "WARNING",
                 "agent",
@@ -392,6 +404,85 @@ def main_run(args: argparse.Namespace) -> int:
     return targets.exit_status()
 
 
+# --- hops: what each call waits for, counted ----------------------------------------------------
+
+#: The calls whose hops are counted, in a round's order.
+HOP_CALLS = ("Run", "Checkpoint", "Restore", "Terminate")
+
+
+def hops_round(worker: Any, base: Path, i: int, runsc: Path) -> dict[str, tuple[float, float]]:
+    """One actor's life through the worker API; each call's wall-clock window."""
+    actor = workerclient.Actor(base / f"hops-{i}", uid=f"hops-{i}", runsc=str(runsc))
+    actor.prepare()
+    windows: dict[str, tuple[float, float]] = {}
+
+    def timed(name: str, call: Any, request: Any) -> None:
+        start = time.time()
+        call(request, timeout=120)
+        windows[name] = (start, time.time())
+
+    timed("Run", worker.RunWorkload, actor.run())
+    timed("Checkpoint", worker.CheckpointWorkload, actor.checkpoint_request())
+    shutil.move(actor.checkpoint, actor.restore)
+    shutil.rmtree(actor.bundles)
+    actor.prepare()
+    timed("Restore", worker.RestoreWorkload, actor.restore_request())
+    timed("Terminate", worker.TerminateWorkload, actor.terminate())
+    return windows
+
+
+def hops_run(rounds: int) -> int:
+    """``--hops``: per call, the agent's thread hops, fsyncs, log batches, records awaited
+    and runsc commands (tests/bench/_hops.py), on real runsc; the first round is a warm-up
+    (runsc's features are asked once) and not counted."""
+    runsc = real_runsc.find()
+    if runsc is None:
+        print(f"no runsc at {real_runsc.cached_binary()}: run scripts/build-runsc.sh")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bwh-") as tmp:
+        base = Path(tmp)
+        sock = base / "worker.sock"
+        notes = base / "hops.jsonl"
+        agent = _start_agent(base, runsc, sock, [], hops=notes)
+        windows = []
+        try:
+            _serving(agent, sock)
+            worker = workerclient.connect(sock)
+            for i in range(rounds + 1):
+                windows.append(hops_round(worker, base, i, runsc))
+        except Exception:
+            print((base / "agent.stderr").read_text()[-4000:], file=sys.stderr)
+            raise
+        finally:
+            try:
+                stop(agent)
+            finally:
+                clean_up(runsc, base)
+        taken = _hops.read(notes)
+    print(f"hops per call: {runsc}, {rounds} counted round(s) after a warm-up; per round,")
+    print("the fewest and the most (a batch can carry another call's record)\n")
+    print(f"{'call':<11}" + "".join(f"{k:>16}" for k in _hops.KINDS))
+    details: dict[str, Any] = {}
+    for call in HOP_CALLS:
+        per_round = [_hops.count(taken, *w[call]) for w in windows[1:]]
+        cells = []
+        for kind in _hops.KINDS:
+            counts = [kinds[kind] for kinds, _ in per_round]
+            low, high = min(counts), max(counts)
+            cells.append(f"{low}" if low == high else f"{low}–{high}")
+        print(f"{call:<11}" + "".join(f"{c:>16}" for c in cells))
+        details[call] = per_round[-1][1]
+    print("\nwhat, in the last round:")
+    for call in HOP_CALLS:
+        listed = ", ".join(
+            f"{what} ×{n}" if n > 1 else what
+            for (kind, what), n in sorted(details[call].items())
+            if kind in ("thread hops", "log records", "runsc commands")
+        )
+        print(f"  {call}: {listed}")
+    return 0
+
+
 # --- scale: many live actors on the stand-in runtime ------------------------------------------
 
 #: Run/Terminate cycles of the probe actor at each end of a scale run, and stats calls.
@@ -465,10 +556,12 @@ def _timed_stats(worker: Any, expected: int) -> list[float]:
     return times
 
 
-def scale_run(live: int, smoke: bool, targets: _targets.Targets) -> None:
+def scale_run(live: int, smoke: bool, targets: _targets.Targets, *, profile: bool = False) -> None:
     """Run→running at 1 live actor (before the others come up and after they went) vs at
     ``live``, and GetActiveWorkloadStats at both, on the runsc stand-in over real runc (so
-    each sandbox has its real cgroup to read)."""
+    each sandbox has its real cgroup to read). ``profile``: also the Python calls the
+    agent's event loop makes per Run at each end (a count: what grows with the actors,
+    whatever the machine's load)."""
     runc = shutil.which("runc")
     if runc is None:
         raise FileNotFoundError("the scale mode needs runc (the runsc stand-in runs over it)")
@@ -476,9 +569,21 @@ def scale_run(live: int, smoke: bool, targets: _targets.Targets) -> None:
         base = Path(tmp)
         sock = base / "worker.sock"
         standin = node.install_runsc_standin(base / "bin")
+        profiled = base / "profile" if profile else None
         agent = _start_agent(
-            base, standin, sock, ["--max-actors", str(max(live, 1))], {"RUNSC_STANDIN_RUNC": runc}
+            base,
+            standin,
+            sock,
+            ["--max-actors", str(max(live, 1))],
+            {"RUNSC_STANDIN_RUNC": runc},
+            profile=profiled,
         )
+
+        def profiling() -> None:
+            if profiled is not None:
+                agent.send_signal(signal.SIGUSR1)
+                time.sleep(0.5)  # the next call starts inside the window
+
         others = [
             workerclient.Actor(
                 base / "actors" / str(i), uid=f"scale-{i}", app_args=IDLE, runsc=str(standin)
@@ -496,7 +601,9 @@ def scale_run(live: int, smoke: bool, targets: _targets.Targets) -> None:
                 ),
             )
             probe.timed(1)  # the first call's warm-up
+            profiling()
             run_one = probe.timed(SCALE_PROBES)
+            profiling()
             probe.run()
             stats_one = _timed_stats(worker, 1)
             worker.TerminateWorkload(probe.actor.terminate(), timeout=120)
@@ -509,7 +616,9 @@ def scale_run(live: int, smoke: bool, targets: _targets.Targets) -> None:
             with concurrent.futures.ThreadPoolExecutor(FILL_WORKERS) as pool:
                 list(pool.map(bring_up, others))
             fill = time.perf_counter() - t0
+            profiling()
             run_many = probe.timed(SCALE_PROBES)
+            profiling()
             probe.run()
             stats_many = _timed_stats(worker, live)
             worker.TerminateWorkload(probe.actor.terminate(), timeout=120)
@@ -527,6 +636,11 @@ def scale_run(live: int, smoke: bool, targets: _targets.Targets) -> None:
             for root in (base / "agent-root").glob("*"):
                 _delete_runc_root(runc, root)
         effects = _run_effects(base / "events.jsonl")
+        calls = (
+            [_hops.python_calls(profiled, k) / SCALE_PROBES for k in (0, 1)]
+            if profiled is not None
+            else None
+        )
     print(f"\nscale: {live} live actors (_pause + app each) on the runsc stand-in over runc,")
     print(f"brought up {FILL_WORKERS} at a time in {fill:.0f} s; median [interquartile range] ms")
     print(f"{'':<26}{'at 1 live':>22}{f'at {live} live':>22}{'change':>9}  target")
@@ -544,6 +658,11 @@ def scale_run(live: int, smoke: bool, targets: _targets.Targets) -> None:
         many = [share(t, a) for t, a in run_many]
         change = (statistics.median(many) / statistics.median(one) - 1) * 100
         print(f"{label:<26}{_spread(one):>22}{_spread(many):>22}{change:>+8.1f}%")
+    if calls is not None:
+        print(
+            f"{'  Python calls per Run':<26}{calls[0]:>22.0f}{calls[1]:>22.0f}"
+            f"{(calls[1] / calls[0] - 1) * 100:>+8.1f}%  (the agent's event loop, cProfile)"
+        )
     s1, sn = statistics.median(stats_one), statistics.median(stats_many)
     verdict = targets.judge("GetActiveWorkloadStats ≤ 50 ms", sn <= 0.050)
     print(
@@ -625,18 +744,31 @@ def main() -> int:
         metavar="N",
         help="instead: Run and GetActiveWorkloadStats at 1 vs N live actors (stand-in runsc)",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="with --scale: the Python calls per Run of the agent's event loop at each end",
+    )
+    parser.add_argument(
+        "--hops",
+        action="store_true",
+        help="instead: count each call's thread hops, fsyncs and runsc commands (real runsc)",
+    )
     args = parser.parse_args()
+    if args.hops:
+        return hops_run(1 if args.smoke else args.rounds)
     if args.scale is not None:
         targets = _targets.Targets(smoke=args.smoke)
         load = start_load(args.load)
         try:
-            scale_run(args.scale, args.smoke, targets)
+            scale_run(args.scale, args.smoke, targets, profile=args.profile)
         finally:
             stop_load(load)
         return targets.exit_status()
     status = main_run(args)
     if args.smoke:
         scale_run(SMOKE_SCALE, smoke=True, targets=_targets.Targets(smoke=True))
+        hops_run(1)
     return status
 
 

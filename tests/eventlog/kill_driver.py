@@ -2,6 +2,8 @@
 
     python kill_driver.py DIR first [ROTATE]    # drive every actor through its goals, acking
     python kill_driver.py DIR recover [ROTATE]  # recover from DIR/events.jsonl, drive to the end
+    python kill_driver.py DIR window:TYPE       # drive a0 until an event of TYPE is appended,
+                                                # then never make anything durable again
 
 ``ROTATE`` is the log's ``rotate_bytes`` (default 4096, so kills also hit rotations), or
 ``none``.
@@ -17,6 +19,7 @@ The ``recover`` phase ends by printing ``{"final": {actor: state}}``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import sys
@@ -171,15 +174,32 @@ _clock = [0.0]
 
 
 class SeqNoting:
-    """The EventLog, noting each recorded event's seq so the ack can carry it."""
+    """The EventLog (group commit, as the agent's), noting each recorded event's seq so the
+    ack can carry it. ``window``: once an event of that type is appended, no later wait for
+    durability ever returns (its fsync never comes): the driver says so on stdout and the
+    test kills it there."""
 
-    def __init__(self, log: eventlog.EventLog) -> None:
+    def __init__(self, log: eventlog.EventLog, window: str | None = None) -> None:
         self.log = log
         self.seqs: dict[tuple[str, str, float], int] = {}
+        self._window = window
+        self._stuck = False
 
     async def record(self, event: events.Event) -> None:
+        self.append(event)
+        await self.durable()
+
+    def append(self, event: events.Event) -> None:
         self.seqs[(event.actor_id, event.type, event.at)] = event.seq
-        await self.log.record(event)
+        self.log.append(event)
+        if event.type == self._window and not self._stuck:
+            self._stuck = True
+            print(json.dumps({"window": event.type}), flush=True)
+
+    async def durable(self) -> None:
+        if self._stuck:
+            await anyio.sleep(math.inf)
+        await self.log.durable()
 
     async def record_rejected(self, event: events.Event, state: str, problem: str) -> None:
         await self.log.record_rejected(event, state, problem)
@@ -240,10 +260,11 @@ async def main(root: Path, phase: str, rotate: str) -> None:
         resume = recovery.resume
         print(json.dumps({"reconciled": [r.describe() for r in recovery.report]}), flush=True)
         _clock[0] = 10_000.0 + os.getpid() % 1000
+    window = phase.partition(":")[2] or None
     async with await eventlog.EventLog.open(
         path, rotate_bytes=None if rotate == "none" else int(rotate)
     ) as log:
-        recorder = SeqNoting(log)
+        recorder = SeqNoting(log, window)
         async with Agent(
             runtime=runtime,
             probe=NoContexts(),
@@ -253,7 +274,10 @@ async def main(root: Path, phase: str, rotate: str) -> None:
             resume=resume,
         ) as agent:
             async with anyio.create_task_group() as tg:
-                for actor_id in ACTORS:
+                if window is not None:
+                    # One actor, to running and suspended: nothing else makes its way durable.
+                    tg.start_soon(_drive, agent, recorder, ACTORS[0], GOALS[ACTORS[0]][:2])
+                for actor_id in ACTORS if window is None else ():
                     goals = GOALS[actor_id] if phase == "first" else GOALS[actor_id][-1:]
                     tg.start_soon(_drive, agent, recorder, actor_id, goals)
             await agent.settle()

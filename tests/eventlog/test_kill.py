@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -58,8 +59,10 @@ def _acks_until_killed(
 
 
 def _run_to_end(
-    root: Path, phase: str, rotate: str = "4096"
+    root: Path, phase: str, rotate: str = "4096", reconciled: list[str] | None = None
 ) -> tuple[list[tuple[str, str, float, int]], dict[str, str]]:
+    """Run ``phase`` to its end: the acks and the final states (``reconciled`` gets the
+    recovery's report lines)."""
     with _start(root, phase, rotate) as proc:
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
@@ -68,6 +71,8 @@ def _run_to_end(
         data = json.loads(line)
         if "ack" in data:
             acks.append(tuple(data["ack"]))
+        if reconciled is not None:
+            reconciled.extend(data.get("reconciled", ()))
         final = data.get("final", final)
     return acks, final  # type: ignore[return-value]
 
@@ -136,3 +141,69 @@ def test_no_effect_runs_more_often_than_the_log_entered_its_state(tmp_path: Path
     assert read_log(tmp_path / "events.jsonl").snapshot is None
     entries, effects = _entries(tmp_path), _effects(tmp_path)
     assert effects and all(n <= entries[key] for key, n in effects.items()), (effects, entries)
+
+
+def _acks_until_window(root: Path, outcome: str, follow: str) -> list[tuple[str, str, float, int]]:
+    """Drive actor a0 until ``outcome`` is appended and will never be fsynced, then SIGKILL
+    the driver once the runtime journal shows ``follow`` (the effect after it) done."""
+    acks: list[tuple[str, str, float, int]] = []
+    journal = root / "runtime-calls.jsonl"
+    with _start(root, f"window:{outcome}", "none") as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        for line in proc.stdout:
+            data = json.loads(line)
+            if "ack" in data:
+                acks.append(tuple(data["ack"]))  # type: ignore[arg-type]
+            if data.get("window") == outcome:
+                break
+        deadline = time.monotonic() + 10
+        while not any(json.loads(j)["op"] == follow for j in journal.read_text().splitlines()[-2:]):
+            assert time.monotonic() < deadline, f"{follow} never ran after {outcome}"
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        err = proc.stderr.read()
+    assert proc.returncode == -signal.SIGKILL, err
+    return acks
+
+
+@pytest.mark.parametrize(
+    ("outcome", "follow", "left_in", "derived"),
+    [
+        pytest.param(
+            "sandbox_created",
+            "start",
+            "creating",
+            "-> sandbox_created, sandbox_started",
+            id="start-ran-before-sandbox_created-was-durable",
+        ),
+        pytest.param(
+            "checkpoint_written",
+            "delete",
+            "checkpointing",
+            "-> checkpoint_written",
+            id="killed-before-checkpoint_written-was-durable",
+        ),
+    ],
+)
+def test_an_outcome_left_to_the_next_fsync_is_derived_again_after_a_kill(
+    tmp_path: Path, outcome: str, follow: str, left_in: str, derived: str
+) -> None:
+    """The pipeline does not wait for ``sandbox_created`` before ``start`` runs, nor for
+    ``checkpoint_written`` (their fsync is the next one's: docs/event-log.md, "When an
+    event is durable"). Killed after the effect that follows ran and before that fsync, the
+    log leaves the actor in the effect's state; recovery derives the lost outcome again from
+    the runtime (created and started; gone, with its image whole) and logs it: nothing
+    acknowledged is lost, no effect runs twice, and the lives end where they would have."""
+    acked = _acks_until_window(tmp_path, outcome, follow)
+    log = tmp_path / "events.jsonl"
+    assert outcome not in {e.type for e in read_log(log).events if e.actor_id == "a0"}
+    assert replay(log).actors["a0"].state == left_in
+    reconciled: list[str] = []
+    more, final = _run_to_end(tmp_path, "recover", "none", reconciled)
+    (line,) = [line for line in reconciled if line.startswith("actor a0:")]
+    assert derived in line, line
+    _check(tmp_path, acked + more, final)
+    entries, effects = _entries(tmp_path), _effects(tmp_path)
+    assert all(n <= entries[key] for key, n in effects.items()), (effects, entries)
+    assert outcome in {e.type for e in read_log(log).events if e.actor_id == "a0"}

@@ -291,6 +291,33 @@ async def test_an_interrupted_effect_is_reconciled_with_the_runtime(
     assert again.report == ()
 
 
+async def test_a_sandbox_running_in_creating_is_reconciled_as_created_and_started(
+    log_path: Path, tmp_path: Path, runtime: FakeRuntime, injector: FakeInjector
+) -> None:
+    """``start`` runs without waiting for ``sandbox_created`` to be durable (rederived), so a
+    crash can leave the log in ``creating`` with the sandbox running: both outcomes are
+    logged, ``start`` is not run again, and the GPU actor goes on to be verified."""
+    await _crash_in("creating", log_path, tmp_path, runtime, injector)
+    _world(runtime, "running")
+    runtime.calls.clear()
+    recovery = await recover(log_path, runtime=runtime, checkpoint_root=tmp_path / "checkpoints")
+    (line,) = recovery.report
+    assert [o.type for o in line.decision.outcomes] == ["sandbox_created", "sandbox_started"]
+    assert "sandbox_created, sandbox_started" in line.describe()
+    assert recovery.actors["a"].state == "verifying"
+    async with (
+        await EventLog.open(log_path) as log,
+        _agent(runtime, injector, tmp_path, log, resume=recovery.resume) as agent,
+    ):
+        await agent.settle()
+        assert agent.state_of("a") == "running"
+    assert [c[0] for c in runtime.calls if c[0] not in {"state", "features"}] == []
+    logged = [e.type for e in read_log(log_path).events if e.seq > recovery.last_seq]
+    assert logged[:2] == ["sandbox_created", "sandbox_started"]
+    again = await recover(log_path, runtime=runtime, checkpoint_root=tmp_path / "checkpoints")
+    assert again.report == ()
+
+
 async def test_an_empty_image_left_by_a_failed_checkpoint_is_not_taken(
     log_path: Path, tmp_path: Path, runtime: FakeRuntime, injector: FakeInjector
 ) -> None:
@@ -504,6 +531,10 @@ def test_every_recovery_outcome_is_accepted_by_the_machine(
     predicted.load_views([_view(state, survived_flags)], 100)
     source, dest, _ = predicted.apply(decision.outcome)
     assert source == state
+    if decision.then is not None:
+        # The effect the outcome started ran too: its outcome lands out of that state.
+        assert dest in spec.effects
+        source, dest, _ = predicted.apply(decision.then)
     assert predicted.views()["a"].state == dest
 
 

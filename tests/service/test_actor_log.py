@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import threading
 
 import anyio
@@ -151,3 +152,41 @@ def test_actor_logs_pipe_only_the_actors_the_worker_api_knows():
     logs.release("u-1.1", "app")
     assert logs.open("u-1.1", "app", fresh=False) is None
     assert logs.open("other.1", "app", fresh=True) is None
+
+
+def test_every_pipe_is_forwarded_by_one_thread():
+    """A thread per pipe cost a worker of 1,000 actors 1,000 threads waking every second:
+    all pipes share one forwarding thread, which wakes only for data."""
+    threads = threading.active_count()
+    collected = Collected()
+    pipes = [actor_log.ContainerPipe({**LABELS, "n": str(i)}, collected) for i in range(50)]
+    assert threading.active_count() <= threads + 1
+    for i, pipe in enumerate(pipes):
+        os.write(pipe.fileno(), f"line {i}\n".encode())
+        pipe.close()
+    _wait(lambda: len(collected.lines) == 50)
+    assert sorted(int(line["labels"]["n"]) for line in collected.lines) == list(range(50))
+
+
+def test_a_pipe_numbered_past_selects_limit_is_forwarded():
+    """Descriptors past FD_SETSIZE (1024: a worker with 1,000 actors has them) are forwarded
+    too (select() refused them, and that pipe's output was never read)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 1200:
+        pytest.skip(f"the descriptor limit ({hard}) is below 1,200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        collected = Collected()
+        pipe = actor_log.ContainerPipe(LABELS, collected)
+        assert pipe.fileno() > 1024
+        os.write(pipe.fileno(), b"far\n")
+        pipe.close()
+        _wait(lambda: len(collected.lines) == 1)
+        assert collected.lines[0]["message"] == "far"
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -63,6 +63,18 @@ class _GatedDoor:
             await self.release.wait()
         return accepted
 
+    async def accept_all(
+        self, group: list[events.Event]
+    ) -> list[hooks.Transition] | protocol.RequestError:
+        accepted = await self._service.accept_all(group)
+        if any(event.type == self.hold for event in group):
+            self.reached.set()
+            await self.release.wait()
+        return accepted  # type: ignore[no-any-return]
+
+    async def durable(self) -> protocol.RequestError | None:
+        return await self._service.durable()  # type: ignore[no-any-return]
+
     def reject(self, error: protocol.RequestError, line_number: int) -> bytes:
         return self._service.reject(error, line_number)  # type: ignore[no-any-return]
 
@@ -149,8 +161,7 @@ async def _terminate_and_run_again(world: World, actor: Actor) -> None:
 @pytest.mark.parametrize(
     "step",
     [
-        pytest.param("actor_registered", id="between-registering-and-preparing"),
-        pytest.param("bundle_prepared", id="before-sizing"),
+        pytest.param("run_requested", id="once-registered-and-asked-to-run"),
         pytest.param(("create", "_pause"), id="in-create-of-pause"),
         pytest.param(("start", "_pause"), id="in-create-starting-pause"),
         pytest.param(("create", "app"), id="in-create-of-app"),
@@ -205,24 +216,27 @@ async def test_a_terminate_during_the_undo_waits_for_it_and_answers_ok(world: Wo
     await _terminate_and_run_again(world, actor)
 
 
-async def test_a_run_abandoned_while_sizing_is_undone(
+async def test_a_run_abandoned_while_its_bundles_are_prepared_is_undone(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Abandoned while the bundle is being sized (a blocking step, in a thread)."""
+    """Abandoned while the bundles are composed and sized (a blocking step, in a thread,
+    before anything is registered): nothing is registered, nothing is left mounted."""
     actor = Actor(world.tmp / "actor", uid=UID, runsc=str(world.tmp / "runsc")).prepare()
     entered, release = threading.Event(), threading.Event()
-    real = worker_requests.apply_size
+    real = worker_requests.edit_configs
 
-    def slow_size(*args: Any) -> str | None:
+    def slow_edit(*args: Any, **kwargs: Any) -> str:
         entered.set()
         release.wait(10)
-        return real(*args)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(worker_requests, "apply_size", slow_size)
+    monkeypatch.setattr(worker_requests, "edit_configs", slow_edit)
     async with _abandoned(lambda: world.worker.RunWorkload(actor.run())):
         await _until(entered.is_set, "sizing")
     release.set()
-    monkeypatch.setattr(worker_requests, "apply_size", real)
+    await _until(lambda: UID not in world.worker._locks.locks, "the undo")
+    monkeypatch.setattr(worker_requests, "edit_configs", real)
+    assert world.activations() == []
     await _terminate_and_run_again(world, actor)
     assert not {state for _, state in world.activations()} & STRANDED
 

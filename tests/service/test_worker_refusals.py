@@ -27,6 +27,9 @@ class _Agent:
     def actor(self, actor_id: str) -> actors.ActorView | None:
         return None
 
+    def add_observer(self, observer: object) -> None:
+        pass
+
 
 class _RefusingDoor:
     """A door that refuses every event with ``error`` (and counts it, as the real one does)."""

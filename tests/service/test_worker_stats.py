@@ -4,6 +4,7 @@ measured" (UNSPECIFIED, zeros, the identity echoed) while the sandbox has no cgr
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -11,7 +12,7 @@ import grpc
 import pytest
 from support import real
 
-from substrate_gpu.lifecycle import actors
+from substrate_gpu.lifecycle import actors, hooks
 from substrate_gpu.service import cgroup_stats, worker_api
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
 
@@ -72,8 +73,34 @@ def test_a_cgroup_not_there_is_nothing_to_measure(tmp_path):
 
 
 class _Agent:
+    """The agent's table as the worker API reads it; :meth:`put` changes it as a transition
+    does (the worker's index of live activations follows transitions)."""
+
     def __init__(self, views: list[actors.ActorView]) -> None:
         self.views = views
+        self.observers: list[Callable[[hooks.Transition], None]] = []
+
+    def add_observer(self, observer: Callable[[hooks.Transition], None]) -> None:
+        self.observers.append(observer)
+
+    def remove_observer(self, observer: Callable[[hooks.Transition], None]) -> None:
+        self.observers.remove(observer)
+
+    def put(self, view: actors.ActorView) -> None:
+        """Insert or replace ``view``, telling observers as the pipeline would."""
+        before = self.actor(view.actor_id)
+        self.views = [v for v in self.views if v.actor_id != view.actor_id] + [view]
+        trigger = "actor_registered" if before is None else view.state
+        t = hooks.Transition(
+            actor_id=view.actor_id,
+            source=before.state if before is not None else "new",
+            dest=view.state,
+            trigger=trigger,
+            event_type=trigger,
+            at=0.0,
+        )
+        for observer in self.observers:
+            observer(t)
 
     def actors(self) -> tuple[actors.ActorView, ...]:
         return tuple(self.views)
@@ -206,15 +233,15 @@ def _with(view: actors.ActorView, **fields: object) -> actors.ActorView:
     return actors.ActorView(**{**{f: getattr(view, f) for f in view.__struct_fields__}, **fields})
 
 
-def test_an_activation_registered_elsewhere_is_found_after_the_map_was_built(tmp_path):
-    """The UID → activations map is rebuilt when the agent's table grew by something the
-    worker API did not register (here: the JSON door, after a first lookup built it)."""
+def test_an_activation_registered_elsewhere_is_found(tmp_path):
+    """The worker's index of live activations follows the agent's transitions, whichever
+    door caused them (here: the JSON door registers one after the index was built)."""
     first = _with(_view(tmp_path, "deleted"))
     door = _Door([first])
     service = worker_api.WorkerService(door, runsc="runsc", cgroup_root=_v2(tmp_path / "cg"))  # type: ignore[arg-type]
     with pytest.raises(worker_api.CallError):
         anyio.run(service.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid="u"))
-    door.agent.views.append(_with(first, actor_id="u.2", state="running"))
+    door.agent.put(_with(first, actor_id="u.2", state="running"))
     reply = anyio.run(service.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid="u"))
     assert reply.sample.source == pb.STATS_SOURCE_CGROUP
 
@@ -233,7 +260,7 @@ def test_a_stats_reader_holds_its_files_only_while_the_activation_lives(tmp_path
     for _ in range(3):
         anyio.run(service.GetActiveWorkloadStats, pb.GetActiveWorkloadStatsRequest())
     assert _open_fds() == before + 4
-    door.agent.views[0] = _with(view, state="deleted")
+    door.agent.put(_with(view, state="deleted"))
     assert (
         anyio.run(service.GetActiveWorkloadStats, pb.GetActiveWorkloadStatsRequest()).samples == []
     )
