@@ -33,8 +33,9 @@ agent's own event loop. Each call becomes events submitted through the same
   (:mod:`.cgroup_stats`), never the per-UID lock the lifecycle calls hold; each live
   activation's cgroup files stay open, and one stats call reads all of them in one thread
   hop (under a lock of the stats' own, so no descriptor is closed while read).
-- **Draining**: after SIGTERM every lifecycle call is answered ``UNAVAILABLE`` (stats still
-  answer). :meth:`WorkerService.shutdown` then does what upstream's ``gracefulShutdown``
+- **Draining**: after SIGTERM a Run or Restore is answered ``UNAVAILABLE``, so atelet places
+  the actor on another worker; a Checkpoint or Terminate is still served (upstream's worker
+  lets an actor suspend while its pod shuts down), and so are stats. :meth:`WorkerService.shutdown` then does what upstream's ``gracefulShutdown``
   does: the lifecycle calls in flight finish (a checkpoint saves its actor), then every app
   container of every running sandbox gets SIGTERM, and SIGKILL at the one deadline
   (``--workload-grace``); each actor whose apps all exited is recorded ``sandbox_exited``.
@@ -107,7 +108,7 @@ REFUSALS: Final = frozenset(
 POD_ADDRESS: Final = "127.0.0.1"
 #: How long Terminate waits for an effect another door started to finish before deleting.
 SETTLE_TIMEOUT: Final = 600.0
-#: The calls that change an actor (the ones shutdown waits for and draining refuses).
+#: The calls that change an actor (the ones shutdown waits for).
 LIFECYCLE_CALLS: Final = frozenset(
     {"RunWorkload", "RestoreWorkload", "CheckpointWorkload", "TerminateWorkload"}
 )
@@ -337,7 +338,7 @@ class WorkerService:
         if actor_logs is not None:
             actor_logs.identify = self._identity_of
         self.draining = False
-        """Set on SIGTERM: lifecycle calls are answered UNAVAILABLE from then on."""
+        """Set on SIGTERM: Run and Restore are answered UNAVAILABLE from then on."""
 
     @contextlib.asynccontextmanager
     async def open(self) -> AsyncIterator[WorkerService]:
@@ -365,7 +366,7 @@ class WorkerService:
 
     async def RunWorkload(self, request: pb.RunWorkloadRequest) -> pb.RunWorkloadResponse:
         """Register a new activation of the sandbox and run it; OK once it is running."""
-        uid = self._begin(request)
+        uid = self._begin(request, startup=True)
         durable = self._durable_mounts(request.spec)
         probes = self._probes(request.spec)
         workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
@@ -387,7 +388,7 @@ class WorkerService:
         """Register a new activation from ``actor_dirs.restore_dir``: its durable-dir
         volumes extracted first, then (FULL) restored from the image or (DATA) booted
         afresh on them."""
-        uid = self._begin(request)
+        uid = self._begin(request, startup=True)
         scope = self._scope(request.scope)
         durable = self._durable_mounts(request.spec)
         probes = self._probes(request.spec)
@@ -653,11 +654,13 @@ class WorkerService:
         task.add_done_callback(finished)
         return await asyncio.shield(task)
 
-    def _begin(self, request: _LifecycleRequest) -> str:
-        """The checks every lifecycle call starts with: not draining, the UID, every
-        ``actor_dirs`` field and ``runsc_path`` (upstream validates the last two first of all,
-        on Terminate too)."""
-        self._not_draining()
+    def _begin(self, request: _LifecycleRequest, *, startup: bool = False) -> str:
+        """The checks every lifecycle call starts with: not draining (a ``startup``, Run or
+        Restore, only: a Checkpoint or Terminate is served while draining, as upstream's
+        worker serves them), the UID, every ``actor_dirs`` field and ``runsc_path``
+        (upstream validates the last two first of all, on Terminate too)."""
+        if startup:
+            self._not_draining()
         uid = worker_requests.check_uid(request.actor_uid)
         dirs = request.actor_dirs if request.HasField("actor_dirs") else None
         worker_requests.check_actor_dirs(dirs)
@@ -671,7 +674,7 @@ class WorkerService:
         if self.draining:
             raise CallError(
                 grpc.StatusCode.UNAVAILABLE,
-                "worker draining (SIGTERM): not accepting lifecycle calls; retry on another worker",
+                "worker draining (SIGTERM): not accepting new workloads; retry on another worker",
             )
 
     @staticmethod
@@ -1248,7 +1251,7 @@ class WorkerService:
 
     async def shutdown(self, grace: float) -> None:
         """Upstream's ``gracefulShutdown``, under one deadline ``grace`` seconds away: refuse
-        new lifecycle calls, let those in flight finish (a checkpoint saves its actor; a Run or
+        new Runs and Restores (a Checkpoint or Terminate is still served), let those in flight finish (a checkpoint saves its actor; a Run or
         Restore goes on to where its effects take it), then SIGTERM every app container of
         every running sandbox, SIGKILL what is left at the deadline (then up to
         :data:`KILL_TIMEOUT` for it to go). ``_pause`` is left: it is the sandbox, deleted by a

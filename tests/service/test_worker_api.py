@@ -3,7 +3,7 @@ gRPC client built from our stubs against the real agent process (runsc: the stan
 
 The whole life on real runsc is tests/runsc/test_real_worker_api.py; these pin the contract
 that needs no sandbox to run (every refusal), and the ones a stand-in can stage (a runsc that
-hangs: stats answer at once, SIGTERM drains with UNAVAILABLE; a second Run refused, a refused
+hangs: stats answer at once, SIGTERM drains Run and Restore with UNAVAILABLE; a second Run refused, a refused
 checkpoint that is no failure, a checkpoint that tears the workload down: caught here too,
 not only on real runsc). A test that runs a sandbox terminates it: sandboxes outlive the agent.
 """
@@ -317,9 +317,10 @@ def test_stats_answer_at_once_while_a_run_is_in_progress(hanging_agent, tmp_path
     assert listed["identity"]["actor_name"] == "counter"
 
 
-def test_sigterm_drains_lifecycle_calls_with_unavailable(hanging_agent, actor, tmp_path, standin):
-    """After SIGTERM, while the agent waits for effects to finish, every lifecycle call is
-    answered UNAVAILABLE (the control plane goes to another worker); stats still answer."""
+def test_sigterm_drains_startups_with_unavailable(hanging_agent, actor, tmp_path, standin):
+    """After SIGTERM, while the agent waits for effects to finish, a Run or Restore is
+    answered UNAVAILABLE (the control plane goes to another worker); a Checkpoint or
+    Terminate is still served, as upstream's worker serves them, and so are stats."""
     from .test_agent_health import wait_for_file
 
     process, pids = hanging_agent
@@ -341,12 +342,16 @@ def test_sigterm_drains_lifecycle_calls_with_unavailable(hanging_agent, actor, t
             break
     assert code == grpc.StatusCode.UNAVAILABLE, message
     assert "worker draining" in message
-    for call, request in (
-        (worker.TerminateWorkload, other.terminate()),
-        (worker.CheckpointWorkload, actor.checkpoint_request()),
-        (worker.RestoreWorkload, other.restore_request()),
-    ):
-        assert status_of(call, request, timeout=5)[0] == grpc.StatusCode.UNAVAILABLE
+    assert status_of(worker.RestoreWorkload, other.restore_request(), timeout=5)[0] == (
+        grpc.StatusCode.UNAVAILABLE
+    )
+    # Served, not drained: an unknown UID's Terminate is OK, its Checkpoint NOT_FOUND.
+    assert status_of(worker.TerminateWorkload, other.terminate(), timeout=5)[0] == (
+        grpc.StatusCode.OK
+    )
+    assert status_of(worker.CheckpointWorkload, other.checkpoint_request(), timeout=5)[0] == (
+        grpc.StatusCode.NOT_FOUND
+    )
     code, _ = status_of(
         worker.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid=actor.uid), timeout=5
     )

@@ -110,3 +110,37 @@ def test_a_checkpoint_in_flight_finishes_before_the_apps_are_signalled(
     reply = checkpoint.result(timeout=60)
     assert "checkpoint.img" in reply.snapshot_files
     assert agent.wait(timeout=40) == 0
+
+
+def test_while_draining_an_actor_can_still_be_checkpointed_and_terminated(
+    tmp_path: Path, runc_path: str, cleanup: None
+) -> None:
+    """After SIGTERM, while the agent waits for app containers that ignore it, a Checkpoint
+    saves its actor and a Terminate ends another (upstream's worker serves both while it
+    drains, so an actor can be suspended on the way out); a new Run is UNAVAILABLE. With
+    both sandboxes gone, the agent exits before the grace."""
+    agent = _agent(tmp_path, runc_path, grace=60)
+    worker = connect(tmp_path / "worker" / "worker.sock")
+    saved = Actor(tmp_path / "saved", runsc=agent.runsc, uid="saved", app_args=STUBBORN)
+    ended = Actor(tmp_path / "ended", runsc=agent.runsc, uid="ended", app_args=STUBBORN)
+    for actor in (saved.prepare(), ended.prepare()):
+        assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
+    started = time.monotonic()
+    agent.process.send_signal(signal.SIGTERM)
+    # Not prepared: INVALID_ARGUMENT (no bundle) until the drain refuses it before reading.
+    late = Actor(tmp_path / "late", runsc=agent.runsc, uid="late")
+    code, message = grpc.StatusCode.OK, ""
+    for _ in range(100):  # the signal lands a moment later
+        code, message = status_of(worker.RunWorkload, late.run(), timeout=10)
+        if code == grpc.StatusCode.UNAVAILABLE:
+            break
+        time.sleep(0.05)
+    assert code == grpc.StatusCode.UNAVAILABLE and "worker draining" in message, message
+    reply = worker.CheckpointWorkload(saved.checkpoint_request(), timeout=30)
+    assert "checkpoint.img" in reply.snapshot_files
+    assert status_of(worker.TerminateWorkload, ended.terminate(), timeout=30) == (
+        grpc.StatusCode.OK,
+        "",
+    )
+    assert agent.wait(timeout=40) == 0
+    assert time.monotonic() - started < 45  # not the 60 s grace: nothing was left to stop
