@@ -396,12 +396,6 @@ def _check_names(spec: MachineSpec) -> None:
     """The YAML, the typed names and the effect registry describe the same machine."""
     checks = (
         ("states", set(spec.state_names), {str(s) for s in names.State}, "names.State"),
-        (
-            "triggers",
-            {t.trigger for t in spec.transitions},
-            {str(t) for t in names.Trigger},
-            "names.Trigger",
-        ),
         ("effects", set(spec.effects.values()), {str(e) for e in names.Effect}, "names.Effect"),
         (
             "effects",

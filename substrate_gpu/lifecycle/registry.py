@@ -28,7 +28,7 @@ from typing import Final, Literal
 
 from substrate_gpu.lifecycle import events
 from substrate_gpu.lifecycle.actors import ActorView
-from substrate_gpu.lifecycle.names import Effect, Trigger
+from substrate_gpu.lifecycle.names import Effect
 
 #: What ``runsc state`` said about an actor's container (``unknown``: it could not be read).
 RuntimeStatus = Literal["creating", "created", "running", "paused", "stopped", "missing", "unknown"]
@@ -111,7 +111,7 @@ class EffectSpec:
     """Everything known about one effect (see the module doc)."""
 
     name: Effect
-    outcomes: Mapping[Trigger, Ending]
+    outcomes: Mapping[str, Ending]
     """Every outcome event type it can produce (``effect_timed_out`` included)."""
     failure: Callable[[ActorView, str], events.Event]
     """The failure outcome, given the actor and a message."""
@@ -123,7 +123,7 @@ class EffectSpec:
     recovery: RecoveryRule
     success: Callable[[ActorView], events.Event] | None = None
     """The outcome of a completed effect, when recovery can establish one."""
-    rederived: frozenset[Trigger] = frozenset()
+    rederived: frozenset[str] = frozenset()
     """Outcomes the pipeline does not wait to be durable before going on: lost in a crash,
     recovery derives each again from what the runtime shows (``check_registry`` holds the
     rule to it; docs/event-log.md, "When an event is durable")."""
@@ -137,7 +137,7 @@ def _restored(view: ActorView) -> events.Event:
     )
 
 
-_TIMED_OUT: Final = {Trigger.EFFECT_TIMED_OUT: Ending.TIMEOUT}
+_TIMED_OUT: Final = {events.EffectTimedOut.type: Ending.TIMEOUT}
 
 #: The registry: one entry per effect of ``machines/actor.yaml``.
 REGISTRY: Final[Mapping[str, EffectSpec]] = {
@@ -146,9 +146,9 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
         EffectSpec(
             name=Effect.ALLOCATE,
             outcomes={
-                Trigger.GPUS_ALLOCATED: Ending.OK,
-                Trigger.GPUS_UNAVAILABLE: Ending.REFUSED,
-                Trigger.GPUS_REFUSED: Ending.REFUSED,
+                events.GpusAllocated.type: Ending.OK,
+                events.GpusUnavailable.type: Ending.REFUSED,
+                events.GpusRefused.type: Ending.REFUSED,
                 **_TIMED_OUT,
             },
             failure=lambda a, m: events.GpusRefused(actor_id=a.actor_id, message=m),
@@ -165,8 +165,8 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
         EffectSpec(
             name=Effect.INJECT,
             outcomes={
-                Trigger.GPU_INJECTED: Ending.OK,
-                Trigger.INJECTION_FAILED: Ending.ERROR,
+                events.GpuInjected.type: Ending.OK,
+                events.InjectionFailed.type: Ending.ERROR,
                 **_TIMED_OUT,
             },
             failure=lambda a, m: events.InjectionFailed(actor_id=a.actor_id, message=m),
@@ -181,9 +181,9 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
         EffectSpec(
             name=Effect.CREATE,
             outcomes={
-                Trigger.SANDBOX_CREATED: Ending.OK,
-                Trigger.EFFECT_FAILED: Ending.ERROR,
-                Trigger.PREFLIGHT_REFUSED: Ending.REFUSED,
+                events.SandboxCreated.type: Ending.OK,
+                events.EffectFailed.type: Ending.ERROR,
+                events.PreflightRefused.type: Ending.REFUSED,
                 **_TIMED_OUT,
             },
             failure=lambda a, m: events.EffectFailed(
@@ -202,13 +202,13 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
             ),
             success=lambda a: events.SandboxCreated(actor_id=a.actor_id),
             # Start acts on it at once; its own outcome's fsync makes both durable.
-            rederived=frozenset({Trigger.SANDBOX_CREATED}),
+            rederived=frozenset({events.SandboxCreated.type}),
         ),
         EffectSpec(
             name=Effect.START,
             outcomes={
-                Trigger.SANDBOX_STARTED: Ending.OK,
-                Trigger.EFFECT_FAILED: Ending.ERROR,
+                events.SandboxStarted.type: Ending.OK,
+                events.EffectFailed.type: Ending.ERROR,
                 **_TIMED_OUT,
             },
             failure=lambda a, m: events.EffectFailed(
@@ -231,8 +231,8 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
         EffectSpec(
             name=Effect.VERIFY,
             outcomes={
-                Trigger.GPUS_VERIFIED: Ending.OK,
-                Trigger.GPU_VERIFICATION_FAILED: Ending.ERROR,
+                events.GpusVerified.type: Ending.OK,
+                events.GpuVerificationFailed.type: Ending.ERROR,
                 **_TIMED_OUT,
             },
             failure=lambda a, m: events.GpuVerificationFailed(actor_id=a.actor_id, message=m),
@@ -251,10 +251,10 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
         EffectSpec(
             name=Effect.PROBE,
             outcomes={
-                Trigger.NO_LIVE_CONTEXT: Ending.OK,
-                Trigger.LIVE_CONTEXT_FOUND: Ending.OK,
-                Trigger.CHECKPOINT_REFUSED: Ending.REFUSED,
-                Trigger.CHECKPOINT_FAILED: Ending.ERROR,
+                events.NoLiveContext.type: Ending.OK,
+                events.LiveContextFound.type: Ending.OK,
+                events.CheckpointRefused.type: Ending.REFUSED,
+                events.CheckpointFailed.type: Ending.ERROR,
                 **_TIMED_OUT,
             },
             # Unknown whether the sandbox survived: assume not, so the actor is recoverable
@@ -274,9 +274,9 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
         EffectSpec(
             name=Effect.CUDA_SUSPEND,
             outcomes={
-                Trigger.CUDA_SUSPENDED: Ending.OK,
-                Trigger.CUDA_SUSPEND_REFUSED: Ending.REFUSED,
-                Trigger.CUDA_SUSPEND_FAILED: Ending.ERROR,
+                events.CudaSuspended.type: Ending.OK,
+                events.CudaSuspendRefused.type: Ending.REFUSED,
+                events.CudaSuspendFailed.type: Ending.ERROR,
                 **_TIMED_OUT,
             },
             # Resume every process that may have been touched.
@@ -293,9 +293,9 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
         EffectSpec(
             name=Effect.CHECKPOINT,
             outcomes={
-                Trigger.CHECKPOINT_WRITTEN: Ending.OK,
-                Trigger.CHECKPOINT_REFUSED: Ending.REFUSED,
-                Trigger.CHECKPOINT_FAILED: Ending.ERROR,
+                events.CheckpointWritten.type: Ending.OK,
+                events.CheckpointRefused.type: Ending.REFUSED,
+                events.CheckpointFailed.type: Ending.ERROR,
                 **_TIMED_OUT,
             },
             failure=lambda a, m: events.CheckpointFailed(
@@ -312,13 +312,13 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
                 deletes_leftover=True,
             ),
             # The effect deleted the sandbox after writing the image: gone, image whole.
-            rederived=frozenset({Trigger.CHECKPOINT_WRITTEN}),
+            rederived=frozenset({events.CheckpointWritten.type}),
         ),
         EffectSpec(
             name=Effect.CUDA_RESUME,
             outcomes={
-                Trigger.CUDA_RESUMED: Ending.OK,
-                Trigger.CUDA_RESUME_FAILED: Ending.ERROR,
+                events.CudaResumed.type: Ending.OK,
+                events.CudaResumeFailed.type: Ending.ERROR,
                 **_TIMED_OUT,
             },
             failure=lambda a, m: events.CudaResumeFailed(
@@ -338,11 +338,11 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
         EffectSpec(
             name=Effect.RESTORE,
             outcomes={
-                Trigger.RESTORED: Ending.OK,
-                Trigger.RESTORE_FAILED: Ending.ERROR,
-                Trigger.RESTORE_REFUSED: Ending.REFUSED,
+                events.Restored.type: Ending.OK,
+                events.RestoreFailed.type: Ending.ERROR,
+                events.RestoreRefused.type: Ending.REFUSED,
                 # Failed, and what it made may still run (not deleted): failed, GPUs kept.
-                Trigger.EFFECT_FAILED: Ending.ERROR,
+                events.EffectFailed.type: Ending.ERROR,
                 **_TIMED_OUT,
             },
             failure=lambda a, m: events.RestoreFailed(actor_id=a.actor_id, message=m),
@@ -360,8 +360,8 @@ REGISTRY: Final[Mapping[str, EffectSpec]] = {
         EffectSpec(
             name=Effect.DELETE,
             outcomes={
-                Trigger.DELETED: Ending.OK,
-                Trigger.EFFECT_FAILED: Ending.ERROR,
+                events.Deleted.type: Ending.OK,
+                events.EffectFailed.type: Ending.ERROR,
                 **_TIMED_OUT,
             },
             failure=lambda a, m: events.EffectFailed(
@@ -420,7 +420,7 @@ def _rederivation_problems(spec: EffectSpec, sample: ActorView) -> list[str]:
     if spec.success is not None and actions & {RecoveryAction.SUCCEEDED, RecoveryAction.FOLLOWED}:
         derived.add(spec.success(sample).type)
     if RecoveryAction.IMAGE_IF_WHOLE in actions:
-        derived.add(Trigger.CHECKPOINT_WRITTEN)
+        derived.add(events.CheckpointWritten.type)
     problems = [
         f"effect {spec.name}: {outcome!r} is rederived but recovery never derives it"
         for outcome in sorted(spec.rederived - derived)

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from substrate_gpu.lifecycle import machine, names, registry
+from substrate_gpu.lifecycle import events, machine, names, registry
 from substrate_gpu.observability import health
 
 __all__ = [
@@ -63,8 +63,9 @@ The transitional ("in flight") states are the machine's states with an effect
 names no state: a state added to the machine needs no edit there.
 """
 
-TRIGGERS: Final[frozenset[str]] = frozenset(names.Trigger)
-"""Default trigger names: the machine's (``names.Trigger``); the agent passes its own."""
+TRIGGERS: Final[frozenset[str]] = frozenset(events.REGISTRY)
+"""Default trigger names: the event types (``load_spec`` checks each is one of the machine's
+triggers, and each trigger an event type); the agent passes its spec's own."""
 
 OUTCOMES: Final[frozenset[str]] = frozenset(registry.Ending) | {"cancelled"}
 """How an effect (or a toolkit run) ended: the effect registry's endings, and cancelled."""

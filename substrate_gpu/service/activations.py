@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Final
 
-from substrate_gpu.lifecycle import Agent, actors, hooks
-from substrate_gpu.lifecycle.names import State, Trigger
+from substrate_gpu.lifecycle import Agent, actors, events, hooks
+from substrate_gpu.lifecycle.names import State
 
 #: The identity key an activation's UID is kept under (``ActorRegistered.identity``).
 UID_KEY: Final = "actor_uid"
@@ -77,7 +77,7 @@ class Activations:
         self._uid[view.actor_id] = uid
 
     def _on_transition(self, t: hooks.Transition) -> None:
-        if t.trigger == Trigger.ACTOR_REGISTERED:
+        if t.trigger == events.ActorRegistered.type:
             view = self._agent.actor(t.actor_id)
             if view is not None:
                 self._add(view)

@@ -35,9 +35,10 @@ agent's own event loop. Each call becomes events submitted through the same
   hop (under a lock of the stats' own, so no descriptor is closed while read).
 - **Draining**: after SIGTERM a Run or Restore is answered ``UNAVAILABLE``, so atelet places
   the actor on another worker; a Checkpoint or Terminate is still served (upstream's worker
-  lets an actor suspend while its pod shuts down), and so are stats. :meth:`WorkerService.shutdown` then does what upstream's ``gracefulShutdown``
-  does: the lifecycle calls in flight finish (a checkpoint saves its actor), then every app
-  container of every running sandbox gets SIGTERM, and SIGKILL at the one deadline
+  lets an actor suspend while its pod shuts down), and so are stats.
+  :meth:`WorkerService.shutdown` then does what upstream's ``gracefulShutdown`` does: the
+  lifecycle calls in flight finish (a checkpoint saves its actor), then every app container
+  of every running sandbox gets SIGTERM, and SIGKILL at the one deadline
   (``--workload-grace``); each actor whose apps all exited is recorded ``sandbox_exited``.
 """
 
@@ -1250,13 +1251,14 @@ class WorkerService:
     # --- shutdown ------------------------------------------------------------------------------
 
     async def shutdown(self, grace: float) -> None:
-        """Upstream's ``gracefulShutdown``, under one deadline ``grace`` seconds away: refuse
-        new Runs and Restores (a Checkpoint or Terminate is still served), let those in flight finish (a checkpoint saves its actor; a Run or
-        Restore goes on to where its effects take it), then SIGTERM every app container of
-        every running sandbox, SIGKILL what is left at the deadline (then up to
-        :data:`KILL_TIMEOUT` for it to go). ``_pause`` is left: it is the sandbox, deleted by a
-        later Terminate or by recovery. An actor whose apps all exited is recorded
-        ``sandbox_exited`` (``running`` → ``stopped``), so the log says what happened to it."""
+        """Upstream's ``gracefulShutdown``, under one deadline ``grace`` seconds away: refuse new
+        Runs and Restores (a Checkpoint or Terminate is still served), let those in flight finish
+        (a checkpoint saves its actor; a Run or Restore goes on to where its effects take
+        it), then SIGTERM every app container of every running sandbox, SIGKILL what is left
+        at the deadline (then up to :data:`KILL_TIMEOUT` for it to go). ``_pause`` is left:
+        it is the sandbox, deleted by a later Terminate or by recovery. An actor whose apps
+        all exited is recorded ``sandbox_exited`` (``running`` → ``stopped``), so the log
+        says what happened to it."""
         self.draining = True
         deadline = anyio.current_time() + grace
         with anyio.move_on_after(grace):

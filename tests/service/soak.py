@@ -25,6 +25,7 @@ import collections
 import contextlib
 import json
 import random
+import re
 import socket
 import threading
 import time
@@ -242,12 +243,15 @@ def _states_from_metrics(port: int) -> dict[str, int]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
     out: dict[str, int] = {}
-    prefix = 'substrate_gpu_actors{state="'
     for line in text.splitlines():
-        if line.startswith(prefix):
-            state, _, value = line[len(prefix) :].partition('"} ')
+        # substrate_gpu_actors{in_flight="false",state="running"} 3.0 (labels in any order)
+        if line.startswith("substrate_gpu_actors{"):
+            labels, _, value = line.partition("} ")
+            state = re.search(r'\bstate="([^"]*)"', labels)
+            if state is None:
+                raise AssertionError(f"substrate_gpu_actors sample without a state: {line!r}")
             if float(value):
-                out[state] = int(float(value))
+                out[state[1]] = out.get(state[1], 0) + int(float(value))
     return out
 
 
