@@ -303,7 +303,7 @@ class Pipeline:
             await self._slots.acquire()
         try:
             self._check_open()
-            step = await self._accept(event)
+            step = await self._apply(event)
         except BaseException as e:
             self._slots.release()
             if isinstance(e, errors.InvalidEvent):
@@ -339,7 +339,7 @@ class Pipeline:
                 await self._slots.acquire()
                 try:
                     self._check_open()
-                    step = await self._accept(event, durable=False)
+                    step = await self._apply(event, durable=False)
                 except BaseException as e:
                     self._slots.release()
                     if isinstance(e, errors.InvalidEvent):
@@ -385,7 +385,7 @@ class Pipeline:
         self._check_open()
         await self._slots.acquire()
         try:
-            step = await self._accept(outcome)
+            step = await self._apply(outcome)
         except BaseException:
             self._slots.release()
             raise
@@ -566,7 +566,7 @@ class Pipeline:
         if self._metrics is not None and self._send is not None:
             self._metrics.queue_depth(self._send.statistics().current_buffer_used)
 
-    async def _accept(
+    async def _apply(
         self, event: events.Event, *, durable: bool = True, sandbox_may_run: bool = False
     ) -> table.Step:
         """Apply ``event``, take it into the recorder's order, tell observers; then, unless
@@ -712,13 +712,13 @@ class Pipeline:
                 self._metrics.effect_finished(effect, outcome.type, time.monotonic() - started)
             deferred = outcome.type in registry.REDERIVED
             try:
-                step = await self._accept(outcome, durable=not deferred, sandbox_may_run=raised)
+                step = await self._apply(outcome, durable=not deferred, sandbox_may_run=raised)
             except errors.InvalidEvent:
                 # The loader checks every in-flight state accepts its effect's outcomes.
                 _log.exception("effect outcome refused by the machine", effect=effect)
                 return
             except Exception:  # noqa: BLE001 (logged; the pipeline is marked broken)
-                # The recorder failed: _accept marked the pipeline broken; submit says why.
+                # The recorder failed: _apply marked the pipeline broken; submit says why.
                 _log.exception("recording an effect outcome failed", effect=effect)
                 return
             if deferred and step.effect is None:

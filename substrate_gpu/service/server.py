@@ -99,17 +99,18 @@ class AgentService:
         self._answering: set[anyio.CancelScope] = set()
         self._grace_deadline: float | None = None
 
-    async def submit(self, event: events.Event, line_number: int = 0) -> bytes:
-        """Submit ``event``; the response line (an ack, the machine's refusal, unavailable)."""
-        accepted = await self.accept(event)
+    async def answer(self, event: events.Event, line_number: int = 0) -> bytes:
+        """Offer ``event``; the response line (an ack, the machine's refusal, unavailable)."""
+        accepted = await self.offer(event)
         if isinstance(accepted, protocol.RequestError):
             return self.reject(accepted, line_number)
         return protocol.ack(wiring.SeqTap.seq_of_last_submit(), accepted)
 
-    async def accept(self, event: events.Event) -> hooks.Transition | protocol.RequestError:
-        """Submit ``event``: the transition it caused, or why it was not accepted (the
-        machine's refusal, or unavailable once the log failed). Both doors (JSON lines,
-        the worker API) submit through here; the caller counts a refusal (:meth:`reject`)."""
+    async def offer(self, event: events.Event) -> hooks.Transition | protocol.RequestError:
+        """Offer ``event`` to the agent: the transition it caused, or why it was not
+        accepted (the machine's refusal, or unavailable once the log failed), as a value,
+        never raised. Both doors (JSON lines, the worker API) offer through here; the caller
+        counts a refusal (:meth:`reject`)."""
         if self.log_failure is not None:
             return unavailable(self.log_failure)
         try:
@@ -120,10 +121,10 @@ class AgentService:
             self._log_failed(e)
             return unavailable(self.log_failure or str(e))
 
-    async def accept_all(
+    async def offer_all(
         self, group: Sequence[events.Event]
     ) -> list[hooks.Transition] | protocol.RequestError:
-        """:meth:`accept` of several events in order, durable together (one fsync): their
+        """:meth:`offer` of several events in order, durable together (one fsync): their
         transitions, or why one was not accepted (those before it stay accepted)."""
         if self.log_failure is not None:
             return unavailable(self.log_failure)
@@ -165,7 +166,7 @@ class AgentService:
             )
         if isinstance(parsed, protocol.RequestError):
             return self.reject(parsed, line_number)
-        return await self.submit(parsed, line_number)
+        return await self.answer(parsed, line_number)
 
     def _log_failed(self, error: BaseException) -> None:
         """Stop acknowledging for good: the log (or the agent's recorder) failed."""

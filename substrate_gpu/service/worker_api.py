@@ -3,7 +3,7 @@
 ``substrate-gpu agent --worker-socket PATH`` serves agent-substrate's worker API (the
 ``.proto`` in :mod:`substrate_gpu.service.ateworker`) with grpcio's asyncio server, on the
 agent's own event loop. Each call becomes events submitted through the same
-:meth:`AgentService.accept` as a JSON line: the same machine decides, the same log records,
+:meth:`AgentService.offer` as a JSON line: the same machine decides, the same log records,
 ``client actors`` shows the same actors. docs/worker-api.md is the contract; in short:
 
 - **One activation, one actor.** ``deleted`` is final, and atelet runs, checkpoints and
@@ -130,21 +130,21 @@ STALLED_AFTER: Final = 10.0
 
 
 class Door(Protocol):
-    """Where events are submitted: the agent's ``AgentService`` (the JSON door's too)."""
+    """Where events are offered: the agent's ``AgentService`` (the JSON door's too)."""
 
     @property
     def agent(self) -> Agent:
         """The agent."""
         ...
 
-    async def accept(self, event: events.Event) -> hooks.Transition | protocol.RequestError:
-        """Submit ``event``: its transition, or why it was not accepted."""
+    async def offer(self, event: events.Event) -> hooks.Transition | protocol.RequestError:
+        """Offer ``event``: its transition, or why it was not accepted."""
         ...
 
-    async def accept_all(
+    async def offer_all(
         self, group: Sequence[events.Event]
     ) -> list[hooks.Transition] | protocol.RequestError:
-        """Submit ``group`` in order, durable together: the transitions, or why one was not
+        """Offer ``group`` in order, durable together: the transitions, or why one was not
         accepted (those before it stay accepted)."""
         ...
 
@@ -1019,14 +1019,14 @@ class WorkerService:
         )
 
     async def _submit(self, event: events.Event) -> hooks.Transition:
-        accepted = await self._service.accept(event)
+        accepted = await self._service.offer(event)
         if isinstance(accepted, protocol.RequestError):
             self._service.reject(accepted, 0)
             raise CallError(_refusal_code(accepted), accepted.message)
         return accepted
 
     async def _submit_all(self, group: Sequence[events.Event]) -> list[hooks.Transition]:
-        accepted = await self._service.accept_all(group)
+        accepted = await self._service.offer_all(group)
         if isinstance(accepted, protocol.RequestError):
             self._service.reject(accepted, 0)
             raise CallError(_refusal_code(accepted), accepted.message)

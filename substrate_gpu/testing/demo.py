@@ -350,7 +350,7 @@ class Script:
 
     async def send(self, event: events.Event) -> dict[str, object]:
         """Submit; the parsed acknowledgement (an error response raises)."""
-        response: dict[str, object] = json.loads(await self.service.submit(event))
+        response: dict[str, object] = json.loads(await self.service.answer(event))
         if response.get("ok") is not True:
             raise exceptions.SubstrateGpuError(
                 f"while running the demo: the agent refused {event.type} for "

@@ -38,6 +38,7 @@ from lifecycle.doubles import FakeInjector, FakeProbe, FakeRuntime, _Container
 
 from substrate_gpu.lifecycle import Agent, actors, events, hooks, machine, table
 from substrate_gpu.probes.api import GpuClient
+from substrate_gpu.testing import lives
 
 SPEC = machine.load_spec()
 _TMPFS = Path("/dev/shm")
@@ -117,26 +118,13 @@ ENGINES: dict[str, type[table.Engine]] = {
 def _gpu_life(a: str) -> list[events.Event]:
     """A GPU actor: probed suspends, the exec route for a live context, resumed on restore."""
     return [
-        events.ActorRegistered(actor_id=a, gpu=True, bundle=f"/b/{a}"),
-        events.BundlePrepared(actor_id=a, bundle=f"/b/{a}"),
-        events.RunRequested(actor_id=a),
-        events.GpusAllocated(actor_id=a, names=()),
-        events.GpuInjected(actor_id=a, devices=2),
-        events.SandboxCreated(actor_id=a),
-        events.SandboxStarted(actor_id=a),
-        events.GpusVerified(actor_id=a),  # a GPU sandbox runs once it sees only its GPUs
+        *lives.to_running(a, gpu=True, devices=2),
         events.CudaContextOpened(actor_id=a, pid=7),
         events.SuspendRequested(actor_id=a),
         events.LiveContextFound(actor_id=a, route=events.ROUTE_EXEC),
         events.CudaSuspended(actor_id=a, pids="7"),
         events.CheckpointWritten(actor_id=a, image_path=f"/ck/{a}/1"),
-        events.RestoreRequested(actor_id=a),
-        events.GpusAllocated(actor_id=a, names=()),
-        events.Restored(
-            actor_id=a, image_path=f"/ck/{a}/1", devices=2, cuda_route=events.ROUTE_EXEC
-        ),
-        events.CudaResumed(actor_id=a, pids="7"),
-        events.GpusVerified(actor_id=a),
+        *lives.restored_to_running(a, gpu=True, image_path=f"/ck/{a}/1", devices=2, cuda_pids="7"),
         events.SuspendRequested(actor_id=a),
         events.NoLiveContext(actor_id=a),
         events.CheckpointWritten(actor_id=a, image_path=f"/ck/{a}/2"),
@@ -148,18 +136,13 @@ def _gpu_life(a: str) -> list[events.Event]:
 def _cpu_life(a: str) -> list[events.Event]:
     """A CPU actor: a suspend refused for a live context, then suspended and restored."""
     return [
-        events.ActorRegistered(actor_id=a, gpu=False, bundle=f"/b/{a}"),
-        events.BundlePrepared(actor_id=a, bundle=f"/b/{a}"),
-        events.RunRequested(actor_id=a),
-        events.SandboxCreated(actor_id=a),
-        events.SandboxStarted(actor_id=a),
+        *lives.to_running(a, gpu=False),
         events.CudaContextOpened(actor_id=a, pid=9),
         events.SuspendRequested(actor_id=a),  # refused by the machine: a live context
         events.CudaContextClosed(actor_id=a, pid=9),
         events.SuspendRequested(actor_id=a),
         events.CheckpointWritten(actor_id=a, image_path=f"/ck/{a}/1"),
-        events.RestoreRequested(actor_id=a),
-        events.Restored(actor_id=a, image_path=f"/ck/{a}/1"),
+        *lives.restored_to_running(a, gpu=False, image_path=f"/ck/{a}/1"),
         events.DeleteRequested(actor_id=a),
         events.Deleted(actor_id=a),
     ]

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from substrate_gpu.lifecycle import events, machine, table
 from substrate_gpu.observability.metrics import AgentMetrics
 from substrate_gpu.service import wiring
+from substrate_gpu.testing import lives
 
 TARGET_MS = 50.0
 SPEC = machine.load_spec()
@@ -34,18 +35,7 @@ def _life(a: str, gpu: bool, suspend: bool) -> list[events.Event]:
     """Run (inject for GPU), a suspend refused for a live context, then (half the actors)
     suspended: GPU actors are probed first."""
     life: list[events.Event] = [
-        events.ActorRegistered(actor_id=a, gpu=gpu, bundle=f"/b/{a}"),
-        events.BundlePrepared(actor_id=a, bundle=f"/b/{a}"),
-        events.RunRequested(actor_id=a),
-        *(
-            [events.GpusAllocated(actor_id=a, names=()), events.GpuInjected(actor_id=a, devices=2)]
-            if gpu
-            else []
-        ),
-        events.SandboxCreated(actor_id=a),
-        events.SandboxStarted(actor_id=a),
-        # A GPU sandbox runs once it sees only its GPUs.
-        *([events.GpusVerified(actor_id=a)] if gpu else []),
+        *lives.to_running(a, gpu=gpu, devices=2),
         events.CudaContextOpened(actor_id=a, pid=7),
     ]
     if gpu:

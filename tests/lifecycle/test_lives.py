@@ -12,21 +12,13 @@ from eventlog import logs
 
 from substrate_gpu.eventlog import replay
 from substrate_gpu.lifecycle import actors, events
+from substrate_gpu.testing import lives
 
 A = "a"
 
 
 def _gpu_running() -> list[events.Event]:
-    return [
-        events.ActorRegistered(actor_id=A, gpu=True, bundle="/b/a"),
-        events.BundlePrepared(actor_id=A, bundle="/b/a"),
-        events.RunRequested(actor_id=A),
-        events.GpusAllocated(actor_id=A, names=()),
-        events.GpuInjected(actor_id=A, devices=1),
-        events.SandboxCreated(actor_id=A),
-        events.SandboxStarted(actor_id=A),
-        events.GpusVerified(actor_id=A),
-    ]
+    return lives.to_running(A, gpu=True)
 
 
 def _exec_route_suspend(pids: str = "7") -> list[events.Event]:

@@ -56,17 +56,17 @@ class _GatedDoor:
         self.reached = anyio.Event()
         self.release = anyio.Event()
 
-    async def accept(self, event: events.Event) -> hooks.Transition | protocol.RequestError:
-        accepted = await self._service.accept(event)
+    async def offer(self, event: events.Event) -> hooks.Transition | protocol.RequestError:
+        accepted = await self._service.offer(event)
         if event.type == self.hold:
             self.reached.set()
             await self.release.wait()
         return accepted
 
-    async def accept_all(
+    async def offer_all(
         self, group: list[events.Event]
     ) -> list[hooks.Transition] | protocol.RequestError:
-        accepted = await self._service.accept_all(group)
+        accepted = await self._service.offer_all(group)
         if any(event.type == self.hold for event in group):
             self.reached.set()
             await self.release.wait()

@@ -1,6 +1,6 @@
 """The worker API's answer to an event the door refuses: a status code per kind of refusal.
 
-The door (``AgentService.accept``, the JSON door's too) says why an event was not accepted;
+The door (``AgentService.offer``, the JSON door's too) says why an event was not accepted;
 the worker API turns that into a gRPC status: a request it could never make valid is the
 caller's mistake (INVALID_ARGUMENT), an event the actor's state refuses is a precondition
 (FAILED_PRECONDITION), a log that failed is UNAVAILABLE (go to another worker). Every event
@@ -40,7 +40,7 @@ class _RefusingDoor:
         self.submitted: list[events.Event] = []
         self.rejected: list[protocol.RequestError] = []
 
-    async def accept(self, event: events.Event) -> hooks.Transition | protocol.RequestError:
+    async def offer(self, event: events.Event) -> hooks.Transition | protocol.RequestError:
         self.submitted.append(event)
         return self.error
 
