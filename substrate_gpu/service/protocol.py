@@ -1,6 +1,6 @@
 """The agent's wire protocol: one JSON object per line in, one JSON object per line out.
 
-Pure functions on bytes and values; the server (:mod:`.server`) does the I/O. Requests and
+Pure functions on bytes and values; the transports (:mod:`.lines`) do the I/O. Requests and
 answers are msgspec types decoded and encoded by :mod:`substrate_gpu.lifecycle.codec`, the
 codec of the event log too; ``docs/schema/agent-protocol.schema.json`` is generated from
 them (:mod:`substrate_gpu.service.schema`).

@@ -276,7 +276,7 @@ _AGENT = textwrap.dedent(
     from lifecycle.doubles import FakeInjector, FakeProbe, FakeRuntime
     from substrate_gpu.eventlog import EventLog
     from substrate_gpu.lifecycle import Agent
-    from substrate_gpu.service.server import AgentService
+    from substrate_gpu.service.door import AgentService
 
     async def main(directory, n):
         runtime = FakeRuntime()

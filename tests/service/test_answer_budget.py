@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from substrate_gpu.service.server import SMALL_ANSWER, AnswerBudget
+from substrate_gpu.service.lines import SMALL_ANSWER, AnswerBudget
 
 pytestmark = pytest.mark.anyio
 
