@@ -275,7 +275,7 @@ async def _serve(
         worker = None
         if config.worker_socket is not None:
             # grpc is loaded only by an agent serving the worker API.
-            from substrate_gpu.service import worker_api  # noqa: PLC0415
+            from substrate_gpu.service import worker_api, worker_grpc  # noqa: PLC0415
 
             worker = worker_api.WorkerService(
                 running.service,
@@ -289,7 +289,7 @@ async def _serve(
                 sandbox_network=config.sandbox_network,
             )
             await doors.enter_async_context(
-                worker_api.serving(
+                worker_grpc.serving(
                     worker,
                     config.worker_socket,
                     claim_socket_path,
@@ -305,7 +305,7 @@ async def _serve(
                 )
             if worker is not None and config.worker_socket is not None:
                 intake.start_soon(
-                    worker_api.watch_connections, config.worker_socket, config.max_worker_clients
+                    worker_grpc.watch_connections, config.worker_socket, config.max_worker_clients
                 )
             if worker is not None and config.atelet_socket is not None:
                 # Once the worker API serves: atelet may place an actor when it accepts.

@@ -4,7 +4,12 @@
 ``.proto`` in :mod:`substrate_gpu.service.ateworker`) with grpcio's asyncio server, on the
 agent's own event loop. Each call becomes events submitted through the same
 :meth:`AgentService.offer` as a JSON line: the same machine decides, the same log records,
-``client actors`` shows the same actors. docs/worker-api.md is the contract; in short:
+``client actors`` shows the same actors. docs/worker-api.md is the contract.
+
+Here are the calls (:class:`WorkerService`); beside them, :mod:`.worker_grpc` serves them on
+the socket (statuses, bounds, reflection), :mod:`.worker_calls` holds one call's plumbing
+(its error, the per-UID lock, the runsc it names), :mod:`.worker_durable` the durable-dir
+volumes, :mod:`.worker_requests` the checks of a request's fields and files. In short:
 
 - **One activation, one actor.** ``deleted`` is final, and atelet runs, checkpoints and
   restores one actor UID again and again, so each Run or Restore registers a new actor
@@ -48,41 +53,37 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import os
-import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Final, Protocol, TypeVar
+from typing import Any, Final, TypeVar
 
 import anyio
 import anyio.abc
 import anyio.to_thread
 import grpc
 import grpc.aio
-from google.protobuf import message
 
 from substrate_gpu import _blocking, _defaults, _private, exceptions
 from substrate_gpu._log import get_logger
 from substrate_gpu.injection import devices
-from substrate_gpu.lifecycle import Agent, actors, errors, events, hooks, sandbox
+from substrate_gpu.lifecycle import actors, errors, events, hooks, sandbox
 from substrate_gpu.rootfs import overlay
 from substrate_gpu.runsc import api as runsc_api
 from substrate_gpu.service import (
-    _socketfile,
     activations,
     actor_log,
     cgroup_stats,
     durable_dirs,
     protocol,
-    reflection,
     wakeup,
+    worker_calls,
+    worker_durable,
     worker_requests,
 )
-from substrate_gpu.service import config as config_
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
+from substrate_gpu.service.worker_calls import CallError
 
 log = get_logger(__name__)
 _T = TypeVar("_T")
@@ -120,166 +121,6 @@ KILL_TIMEOUT: Final = 5.0
 EXIT_POLL: Final = 0.1
 #: How long a closing worker lets the calls still in it answer before cancelling them.
 CLOSE_GRACE: Final = 1.0
-#: gRPC core's bound on a server's incoming connections (its
-#: ``GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS``).
-MAX_CONNECTIONS_OPTION: Final = "grpc.max_allowed_incoming_connections"
-#: Seconds between two counts of the worker socket's connections (:func:`watch_connections`).
-WATCH_INTERVAL: Final = 2.0
-#: Seconds connections may wait in the worker socket's backlog before it is said not to accept.
-STALLED_AFTER: Final = 10.0
-
-
-class Door(Protocol):
-    """Where events are offered: the agent's ``AgentService`` (the JSON door's too)."""
-
-    @property
-    def agent(self) -> Agent:
-        """The agent."""
-        ...
-
-    async def offer(self, event: events.Event) -> hooks.Transition | protocol.RequestError:
-        """Offer ``event``: its transition, or why it was not accepted."""
-        ...
-
-    async def offer_all(
-        self, group: Sequence[events.Event]
-    ) -> list[hooks.Transition] | protocol.RequestError:
-        """Offer ``group`` in order, durable together: the transitions, or why one was not
-        accepted (those before it stay accepted)."""
-        ...
-
-    async def durable(self) -> protocol.RequestError | None:
-        """Wait until every accepted event is durable; why not, once the log failed."""
-        ...
-
-    def reject(self, error: protocol.RequestError, line_number: int) -> bytes:
-        """Count and log a refusal."""
-        ...
-
-
-_LifecycleRequest = (
-    pb.RunWorkloadRequest
-    | pb.RestoreWorkloadRequest
-    | pb.CheckpointWorkloadRequest
-    | pb.TerminateWorkloadRequest
-)
-
-
-class CallError(exceptions.SubstrateGpuError):
-    """A call answered with a gRPC status other than OK."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-@dataclass
-class _UidLocks:
-    """One lock per actor UID for the lifecycle calls (upstream's per-actor lock): a Run and
-    a Terminate of one UID never interleave. Entries go when nobody holds or waits."""
-
-    locks: dict[str, tuple[anyio.Lock, int]] = field(default_factory=dict)
-
-    @contextlib.asynccontextmanager
-    async def held(self, uid: str) -> AsyncIterator[None]:
-        lock, users = self.locks.get(uid, (anyio.Lock(), 0))
-        self.locks[uid] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self.locks[uid]
-            if users == 1:
-                del self.locks[uid]
-            else:
-                self.locks[uid] = (lock, users - 1)
-
-
-@dataclass(eq=False)
-class _Call:
-    """A Run or Restore in flight (upstream's ``actorlock.InFlight`` entry, per UID)."""
-
-    uid: str
-    name: str
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    """The call's work; cancelled when its caller abandons it (or on :meth:`abandon`)."""
-    made: str | None = None
-    """The activation this call registered (set before its ``actor_registered`` is
-    submitted): what an abandoned call deletes, and nothing else of the UID."""
-    abandoned: bool = False
-
-    def abandon(self) -> None:
-        """Stop the call at the step it is in and undo what it made."""
-        self.abandoned = True
-        self.scope.cancel()
-
-    def was_abandoned(self) -> bool:
-        """Whether :meth:`abandon` was called (read again after each await)."""
-        return self.abandoned
-
-
-class RunscBinary:
-    """Whether a request's ``runsc_path`` is the binary this agent runs by default.
-
-    A ``runsc_path`` that is the agent's own ``--runsc`` (the same file, or a file with the
-    same bytes: atelet stages runsc content-addressed, so a copy of our binary under its
-    static-files directory is ours) runs the agent's runtime as it is; any other must be a
-    binary atelet staged (``worker_requests.check_runsc_path``) and the sandbox runs that one.
-    """
-
-    def __init__(self, runsc: str) -> None:
-        self.configured = runsc
-        found = shutil.which(runsc)
-        self.path = Path(found).resolve() if found else None
-        self._digests: dict[tuple[int, int, int, int], str] = {}
-
-    def check(self, runsc_path: str) -> None:
-        """Raise :class:`CallError` unless ``runsc_path`` is our binary; empty is
-        :class:`~.worker_requests.BadRequest`, as upstream's ``ValidateRuntimeAssetPath``."""
-        if not runsc_path:
-            raise worker_requests.BadRequest("runsc_path: Required value")
-        candidate = Path(runsc_path)
-        if not candidate.is_absolute() or not candidate.is_file():
-            raise CallError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"runsc_path {runsc_path!r} is not an absolute path to a file",
-            )
-        if self.path is None:
-            raise CallError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"this agent's runsc ({self.configured!r}, --runsc) is not found, so "
-                f"runsc_path {runsc_path!r} cannot be checked against it",
-            )
-        if candidate.resolve() == self.path or self._digest(candidate) == self._digest(self.path):
-            return
-        raise CallError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"runsc_path {runsc_path!r} is not the runsc this agent runs every sandbox with "
-            f"({self.path}, --runsc): one agent runs one runsc; start it with "
-            f"--runsc {runsc_path}",
-        )
-
-    def is_ours(self, runsc_path: str) -> bool:
-        """Whether ``runsc_path`` names the agent's own runsc (same file or same bytes)."""
-        candidate = Path(runsc_path)
-        if self.path is None or not candidate.is_absolute() or not candidate.is_file():
-            return False
-        if os.path.normpath(runsc_path) != runsc_path:
-            return False  # '..' or '.': checked (and refused) as a staged path
-        if runsc_path != self.configured and os.path.realpath(runsc_path) != runsc_path:
-            return False  # through a symbolic link: likewise
-        return candidate.resolve() == self.path or self._digest(candidate) == self._digest(
-            self.path
-        )
-
-    def _digest(self, path: Path) -> str:
-        info = path.stat()
-        key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-        if key not in self._digests:
-            with path.open("rb") as f:
-                self._digests[key] = hashlib.file_digest(f, "sha256").hexdigest()
-        return self._digests[key]
 
 
 class WorkerService:
@@ -287,7 +128,7 @@ class WorkerService:
 
     def __init__(
         self,
-        service: Door,
+        service: worker_calls.Door,
         *,
         runsc: str,
         dev_root: Path = Path("/"),
@@ -312,7 +153,7 @@ class WorkerService:
         self._pod_network = sandbox_network == "pod"
         self._service = service
         self._agent = service.agent
-        self._runsc = RunscBinary(runsc)
+        self._runsc = worker_calls.RunscBinary(runsc)
         self._static_dir = runsc_static_dir
         self._gpu_worker = devices.has_gpu(dev_root)
         self._cgroup_root = cgroup_root
@@ -324,16 +165,16 @@ class WorkerService:
         """Whether the rootfs of an activation this agent prepared was composed (mounted)."""
         # Held while the readers' descriptors are read (in a thread) or closed.
         self._stats_lock = anyio.Lock()
-        self._locks = _UidLocks()
+        self._locks = worker_calls.UidLocks()
         self._max_actors = max_actors
         self._admitting: set[str] = set()
         self._layers_dir = image_layers_dir
         self._runtime = runtime
         self._detached: set[asyncio.Future[Any]] = set()
         """Work a caller may leave, kept referenced until it ends (:meth:`_not_cancelled`)."""
-        self._in_flight: dict[int, str] = {}
+        self.in_flight: dict[int, str] = {}
         """Lifecycle calls being answered (a token each), for :meth:`shutdown` to wait on."""
-        self._calls: dict[str, _Call] = {}
+        self._calls: dict[str, worker_calls.Call] = {}
         """The Run or Restore in flight per UID (at most one: the UID's lock)."""
         self._tasks: anyio.abc.TaskGroup | None = None
         if actor_logs is not None:
@@ -368,7 +209,7 @@ class WorkerService:
     async def RunWorkload(self, request: pb.RunWorkloadRequest) -> pb.RunWorkloadResponse:
         """Register a new activation of the sandbox and run it; OK once it is running."""
         uid = self._begin(request, startup=True)
-        durable = self._durable_mounts(request.spec)
+        durable = worker_durable.mounts_of(request.spec)
         probes = self._probes(request.spec)
         workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
         workload = self._staged(workload, request.runsc_path)
@@ -376,7 +217,7 @@ class WorkerService:
         def boot(actor_id: str) -> events.Event:
             return events.RunRequested(actor_id=actor_id)
 
-        async def run(call: _Call) -> None:
+        async def run(call: worker_calls.Call) -> None:
             actor_id = await self._activate(call, request, workload, durable, boot=boot, what="run")
             await self._woken(actor_id, probes)
 
@@ -391,7 +232,7 @@ class WorkerService:
         afresh on them."""
         uid = self._begin(request, startup=True)
         scope = self._scope(request.scope)
-        durable = self._durable_mounts(request.spec)
+        durable = worker_durable.mounts_of(request.spec)
         probes = self._probes(request.spec)
         workload = await self._workload(request.actor_dirs.oci_bundle_dir, request.spec)
         image = worker_requests.check_dir(request.actor_dirs.restore_dir, "actor_dirs.restore_dir")
@@ -409,7 +250,7 @@ class WorkerService:
             # not preserve_restore_dir is set (tests/runsc/test_real_worker_api.py).
             return events.RestoreRequested(actor_id=actor_id, image_path=str(image))
 
-        async def restore(call: _Call) -> None:
+        async def restore(call: worker_calls.Call) -> None:
             actor_id = await self._activate(
                 call, request, workload, durable, boot=boot, what="restore", restore_from=image
             )
@@ -427,7 +268,7 @@ class WorkerService:
         (whatever the call's deadline), as upstream's worker does."""
         uid = self._begin(request)
         scope = self._scope(request.scope)
-        durable = self._durable_mounts(request.spec)
+        durable = worker_durable.mounts_of(request.spec)
         volumes = durable_dirs.volume_names(durable)
         if scope == pb.SNAPSHOT_SCOPE_DATA and not volumes:
             raise worker_requests.BadRequest(
@@ -475,8 +316,8 @@ class WorkerService:
                 failure: CallError | None = None
                 data_files: list[str] = []
                 if scope == pb.SNAPSHOT_SCOPE_DATA:
-                    data_files = await self._snapshot_data(
-                        view.actor_id, volumes_dir, Path(directory), volumes
+                    data_files = await worker_durable.snapshot_data(
+                        self._runtime, view.actor_id, volumes_dir, Path(directory), volumes
                     )
                 else:
                     suspend = events.SuspendRequested(actor_id=view.actor_id, image_path=directory)
@@ -494,7 +335,9 @@ class WorkerService:
                     if volumes:
                         # The sandbox is checkpointed (stopped): its volumes hold still.
                         try:
-                            data_files = await self._archive(volumes_dir, Path(directory), volumes)
+                            data_files = await worker_durable.archive(
+                                volumes_dir, Path(directory), volumes
+                            )
                         except CallError as e:
                             failure = e
                 try:
@@ -546,7 +389,9 @@ class WorkerService:
 
     # --- Run and Restore: abandonable, undone when abandoned ----------------------------------
 
-    async def _startup(self, uid: str, name: str, body: Callable[[_Call], Awaitable[None]]) -> None:
+    async def _startup(
+        self, uid: str, name: str, body: Callable[[worker_calls.Call], Awaitable[None]]
+    ) -> None:
         """``body`` under the UID's lock, in the worker's own task group; this caller
         waits for it. If the caller goes away first (grpc cancels the handler on a deadline
         or a cancel), the call is abandoned: it stops at the step it is in and undoes what
@@ -557,7 +402,7 @@ class WorkerService:
             raise CallError(
                 grpc.StatusCode.UNAVAILABLE, f"{name}: the worker is not serving calls yet"
             )
-        call = _Call(uid, name)
+        call = worker_calls.Call(uid, name)
         done = anyio.Event()
         failure: list[BaseException] = []
         finished: list[bool] = []
@@ -594,7 +439,9 @@ class WorkerService:
             self._not_draining()
             raise CallError(grpc.StatusCode.ABORTED, f"{name} of {uid!r} was abandoned: undone")
 
-    async def _held_call(self, call: _Call, body: Callable[[_Call], Awaitable[None]]) -> None:
+    async def _held_call(
+        self, call: worker_calls.Call, body: Callable[[worker_calls.Call], Awaitable[None]]
+    ) -> None:
         async with contextlib.AsyncExitStack() as held:
             with call.scope:
                 await held.enter_async_context(self._locks.held(call.uid))
@@ -613,7 +460,7 @@ class WorkerService:
                     # worker's task group (cancelled when the worker closes) still ends it.
                     await self._undo(call)
 
-    async def _undo(self, call: _Call) -> None:
+    async def _undo(self, call: worker_calls.Call) -> None:
         """Delete the activation an abandoned call registered (waiting out the effect in
         flight), so the UID is left as if the call never came; logged, never raised."""
         if call.made is None:
@@ -644,18 +491,18 @@ class WorkerService:
         flight until it ends, so :meth:`shutdown` waits for it."""
         task = asyncio.ensure_future(work)
         self._detached.add(task)
-        self._in_flight[id(task)] = call
+        self.in_flight[id(task)] = call
 
         def finished(done: asyncio.Future[_T]) -> None:
             self._detached.discard(done)
-            self._in_flight.pop(id(done), None)
+            self.in_flight.pop(id(done), None)
             if not done.cancelled() and (error := done.exception()) is not None:
                 log.info("worker call finished after its caller left", call=call, error=str(error))
 
         task.add_done_callback(finished)
         return await asyncio.shield(task)
 
-    def _begin(self, request: _LifecycleRequest, *, startup: bool = False) -> str:
+    def _begin(self, request: worker_calls.LifecycleRequest, *, startup: bool = False) -> str:
         """The checks every lifecycle call starts with: not draining (a ``startup``, Run or
         Restore, only: a Checkpoint or Terminate is served while draining, as upstream's
         worker serves them), the UID, every ``actor_dirs`` field and ``runsc_path``
@@ -722,99 +569,6 @@ class WorkerService:
                 grpc.StatusCode.INTERNAL, f"while waiting for container wakeup probe: {e}"
             ) from e
 
-    @staticmethod
-    def _durable_mounts(spec: pb.WorkloadSpec) -> tuple[durable_dirs.DurableMount, ...]:
-        """The spec's durable-dir volume mounts, checked (INVALID_ARGUMENT naming one)."""
-        try:
-            return durable_dirs.check_mounts(
-                (c.name, [(m.volume_name, m.mount_path) for m in c.durable_dir_volume_mounts])
-                for c in spec.containers
-            )
-        except durable_dirs.DurableDirError as e:
-            raise worker_requests.BadRequest(str(e)) from e
-
-    async def _prepare_volumes(
-        self,
-        workload: worker_requests.Workload,
-        durable: tuple[durable_dirs.DurableMount, ...],
-        volumes_dir: Path,
-        restore_from: Path | None,
-    ) -> None:
-        """Before the sandbox boots: the volumes a Restore's snapshot holds extracted into
-        their directories (upstream's ``untarDurableVolumes``), and each app container's
-        config given the binds of its durable-dir volumes."""
-        if not durable:
-            return
-        volumes = durable_dirs.volume_names(durable)
-        try:
-            if restore_from is not None:
-                used = await _blocking.run_abandonable(
-                    functools.partial(durable_dirs.extract, restore_from, volumes_dir, volumes),
-                    name="substrate-gpu restore durable dirs",
-                )
-                log.info("durable-dir volumes restored", volumes=used)
-            await _blocking.run_abandonable(
-                functools.partial(
-                    durable_dirs.apply_mounts, workload.bundle_dir, durable, volumes_dir
-                ),
-                name="substrate-gpu bind durable dirs",
-            )
-        except durable_dirs.DurableDirError as e:
-            raise worker_requests.BadRequest(str(e)) from e
-
-    @staticmethod
-    async def _archive(volumes_dir: Path, directory: Path, volumes: tuple[str, ...]) -> list[str]:
-        """Each volume's tar written into ``directory`` (upstream's ``tarDurableVolumes``);
-        never cancelled half-way (the call's deadline does not stop it)."""
-        archive = functools.partial(durable_dirs.archive, volumes_dir, directory, volumes)
-        with anyio.CancelScope(shield=True):
-            try:
-                files = await _blocking.run_abandonable(
-                    archive, name="substrate-gpu archive durable dirs"
-                )
-            except (durable_dirs.DurableDirError, OSError) as e:
-                raise CallError(grpc.StatusCode.INTERNAL, str(e)) from e
-        return files
-
-    async def _snapshot_data(
-        self, actor_id: str, volumes_dir: Path, directory: Path, volumes: tuple[str, ...]
-    ) -> list[str]:
-        """SNAPSHOT_SCOPE_DATA: ``runsc pause _pause``, the volumes' tars, ``runsc resume
-        _pause``. Shielded from the call's cancellation as a whole: a deadline that passes
-        mid-tar never leaves the sandbox paused (upstream resumes on a context of its own)."""
-        runtime: object = self._runtime
-        if isinstance(runtime, runsc_api.PerActorRoot):
-            runtime = runtime.for_actor(actor_id)
-        if not isinstance(runtime, runsc_api.SandboxPause):
-            raise CallError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                "scope SNAPSHOT_SCOPE_DATA needs a runtime that can pause a sandbox "
-                "(runsc pause/resume); this agent's has none",
-            )
-        with anyio.CancelScope(shield=True):
-            log.info("pausing the sandbox for its data snapshot", actor=actor_id)
-            try:
-                await runtime.pause(sandbox.PAUSE)
-            except exceptions.SubstrateGpuError as e:
-                raise CallError(
-                    grpc.StatusCode.INTERNAL, f"while pausing the sandbox of {actor_id!r}: {e}"
-                ) from e
-            archived: list[str] | CallError
-            try:
-                archived = await self._archive(volumes_dir, directory, volumes)
-            except CallError as e:
-                archived = e
-            try:
-                await runtime.resume(sandbox.PAUSE)
-            except exceptions.SubstrateGpuError as e:
-                raise CallError(
-                    grpc.StatusCode.INTERNAL,
-                    f"while resuming the sandbox of {actor_id!r} after its data snapshot: {e}",
-                ) from e
-        if isinstance(archived, CallError):
-            raise archived
-        return archived
-
     def _staged(
         self, workload: worker_requests.Workload, runsc_path: str
     ) -> worker_requests.Workload:
@@ -854,7 +608,7 @@ class WorkerService:
 
     async def _activate(
         self,
-        call: _Call,
+        call: worker_calls.Call,
         request: pb.RunWorkloadRequest | pb.RestoreWorkloadRequest,
         workload: worker_requests.Workload,
         durable: tuple[durable_dirs.DurableMount, ...],
@@ -881,7 +635,7 @@ class WorkerService:
         with self._admitted(uid):
             actor_id = self._new_activation(uid)
             try:
-                await self._prepare_volumes(
+                await worker_durable.prepare_volumes(
                     workload,
                     durable,
                     Path(request.actor_dirs.durable_dir_volume_mounts_dir),
@@ -989,7 +743,7 @@ class WorkerService:
 
     def _registration(
         self,
-        call: _Call,
+        call: worker_calls.Call,
         request: pb.RunWorkloadRequest | pb.RestoreWorkloadRequest,
         workload: worker_requests.Workload,
         actor_id: str,
@@ -1022,14 +776,14 @@ class WorkerService:
         accepted = await self._service.offer(event)
         if isinstance(accepted, protocol.RequestError):
             self._service.reject(accepted, 0)
-            raise CallError(_refusal_code(accepted), accepted.message)
+            raise CallError(worker_calls.refusal_code(accepted), accepted.message)
         return accepted
 
     async def _submit_all(self, group: Sequence[events.Event]) -> list[hooks.Transition]:
         accepted = await self._service.offer_all(group)
         if isinstance(accepted, protocol.RequestError):
             self._service.reject(accepted, 0)
-            raise CallError(_refusal_code(accepted), accepted.message)
+            raise CallError(worker_calls.refusal_code(accepted), accepted.message)
         return accepted
 
     async def _durable(self) -> None:
@@ -1038,7 +792,7 @@ class WorkerService:
         failed = await self._service.durable()
         if failed is not None:
             self._service.reject(failed, 0)
-            raise CallError(_refusal_code(failed), failed.message)
+            raise CallError(worker_calls.refusal_code(failed), failed.message)
 
     async def _reach(
         self,
@@ -1262,12 +1016,12 @@ class WorkerService:
         self.draining = True
         deadline = anyio.current_time() + grace
         with anyio.move_on_after(grace):
-            while self._in_flight:
+            while self.in_flight:
                 await anyio.sleep(EXIT_POLL)
-        if self._in_flight:
+        if self.in_flight:
             log.error(
                 "giving up waiting for in-flight worker calls at shutdown",
-                calls=sorted(self._in_flight.values()),
+                calls=sorted(self.in_flight.values()),
             )
         sessions = [
             v
@@ -1339,205 +1093,3 @@ class WorkerService:
             if state is not None and state.status == "stopped":
                 return True
             await anyio.sleep(EXIT_POLL)
-
-    # --- serving -------------------------------------------------------------------------------
-
-    def handler(self) -> grpc.GenericRpcHandler:
-        """Every method of :data:`SERVICE`, from the descriptor (a method without its
-        implementation here fails at once, not at its first call)."""
-        table = {}
-        for method in SERVICE.methods:
-            request_class = getattr(pb, method.input_type.name)
-            table[method.name] = grpc.unary_unary_rpc_method_handler(
-                self._answering(method.name, getattr(self, method.name)),
-                request_deserializer=functools.partial(_deserialize, request_class),
-                response_serializer=_serialize,
-            )
-        return grpc.method_handlers_generic_handler(SERVICE.full_name, table)
-
-    def _answering(
-        self, name: str, call: Callable[[Any], Awaitable[message.Message]]
-    ) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[message.Message]]:
-        """``call`` with its errors turned into statuses; the agent stays up whatever comes."""
-
-        @functools.wraps(call)
-        async def answer(
-            request: Any, context: grpc.aio.ServicerContext[Any, Any]
-        ) -> message.Message:
-            token = id(request)
-            if name in LIFECYCLE_CALLS:
-                self._in_flight[token] = name
-            try:
-                _check_request(request)
-                return await call(request)
-            except CallError as e:
-                log.info("worker call answered", call=name, code=e.code.name, error=e.message)
-                await context.abort(e.code, e.message)
-            except worker_requests.BadRequest as e:
-                log.info("worker call refused", call=name, code="INVALID_ARGUMENT", error=str(e))
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            except Exception as e:  # the call's boundary: see the module doc
-                log.exception("worker call failed unexpectedly", call=name)
-                await context.abort(
-                    grpc.StatusCode.INTERNAL, f"{name}: unexpected {type(e).__name__}: {e}"
-                )
-            finally:
-                self._in_flight.pop(token, None)
-            raise AssertionError("unreachable: abort raises")  # pragma: no cover
-
-        return answer
-
-
-def _refusal_code(error: protocol.RequestError) -> grpc.StatusCode:
-    """The status of a call whose event the door refused, by the kind of refusal."""
-    if error.kind == "unavailable":
-        return grpc.StatusCode.UNAVAILABLE
-    if error.kind in {"schema", "malformed"}:
-        return grpc.StatusCode.INVALID_ARGUMENT
-    return grpc.StatusCode.FAILED_PRECONDITION
-
-
-def _serialize(response: message.Message) -> bytes:
-    return response.SerializeToString()
-
-
-@dataclass(frozen=True)
-class Undecodable:
-    """A request body that is not a message of its method's type (corrupt, or a string that
-    is not UTF-8): answered INVALID_ARGUMENT (grpcio would answer a deserializer's exception
-    with an opaque status)."""
-
-    type_name: str
-    error: str
-
-    def __str__(self) -> str:
-        return f"the request is not a valid {self.type_name} message: {self.error}"
-
-
-def _check_request(request: message.Message | Undecodable) -> None:
-    """Before a call reads its request: a message, every string within its bound."""
-    if isinstance(request, Undecodable):
-        raise worker_requests.BadRequest(str(request))
-    worker_requests.check_sizes(request)
-
-
-def _deserialize(
-    request_class: type[message.Message], data: bytes
-) -> message.Message | Undecodable:
-    try:
-        return request_class.FromString(data)
-    except (message.DecodeError, RecursionError) as e:
-        return Undecodable(request_class.DESCRIPTOR.full_name, str(e)[:200] or type(e).__name__)
-
-
-@contextlib.asynccontextmanager
-async def serving(
-    worker: WorkerService,
-    path: Path,
-    claim: Callable[[Path], None],
-    tasks: anyio.abc.TaskGroup,
-    *,
-    max_clients: int = config_.DEFAULT_MAX_WORKER_CLIENTS,
-) -> AsyncIterator[None]:
-    """Serve ``worker`` on the Unix socket ``path`` (mode 0600) while inside, its calls
-    run in ``tasks`` (:meth:`WorkerService.hosted_in`).
-
-    ``claim`` replaces a stale socket file and refuses one another process serves (the
-    JSON socket's rule). At most ``max_clients`` connections are held (``--max-worker-clients``):
-    gRPC core closes one more as it accepts it, before reading a byte of it, and retries
-    an accept that found no descriptor (EMFILE) a second later. On leaving, calls in
-    progress get a moment to answer.
-    """
-    _socketfile.make_private_dir(path, "worker socket", "choose another --worker-socket")
-    claim(path)
-    await worker.release_stale_mounts()
-    server = grpc.aio.server(options=[(MAX_CONNECTIONS_OPTION, max_clients)])
-    server.add_generic_rpc_handlers((worker.handler(),))
-    reflection.register(server, SERVICE.full_name)  # as upstream's worker: grpcurl works
-    try:
-        with _socketfile.private_umask():
-            server.add_insecure_port(f"unix:{path}")
-            await server.start()
-    except RuntimeError as e:
-        raise exceptions.ConfigError(
-            f"while serving the worker API on {path}: {e}; choose another --worker-socket"
-        ) from e
-    ours = path.stat()
-    try:
-        # Closed before the server stops: a call still in it is answered, not cut off.
-        with worker.hosted_in(tasks):
-            yield
-    finally:
-        with anyio.CancelScope(shield=True):
-            await server.stop(grace=1.0)
-        _socketfile.unlink_if_ours(path, ours)
-
-
-async def watch_connections(
-    path: Path,
-    max_clients: int,
-    *,
-    interval: float = WATCH_INTERVAL,
-    stalled_after: float = STALLED_AFTER,
-) -> None:
-    """Say what gRPC core does not about the worker socket (until cancelled).
-
-    Every ``interval`` seconds the kernel's count (:func:`_socketfile.connections`) is read:
-
-    - **full**: ``max_clients`` connections held, so gRPC core closes each new one without a
-      word: a warning when it fills, a line when it has room again;
-    - **not accepting**: connections have waited in the backlog for ``stalled_after``
-      seconds. gRPC core retries an accept that met EMFILE a second later, but closes its
-      acceptor for good on any other accept error (ENFILE: the system's file table is
-      full; ENOBUFS, ENOMEM): the socket then never answers again. An error says so, and a
-      line when the backlog drains.
-
-    The kernel's table is opened once and read again each time, so counting needs no
-    descriptor while the process has none to spare; while it cannot be opened (or read),
-    counts are skipped.
-    """
-    full = stalled = False
-    waiting_since: float | None = None
-    table: BinaryIO | None = None
-    try:
-        while True:
-            try:
-                if table is None:
-                    table = _socketfile.UNIX_SOCKETS.open("rb")
-                now = await anyio.to_thread.run_sync(_socketfile.read_connections, table, path)
-            except OSError as e:
-                log.debug("worker socket connections not counted", error=str(e))
-                await anyio.sleep(interval)
-                continue
-            if now.held >= max_clients and not full:
-                log.warning(
-                    "worker socket full: further connections are closed as they are accepted",
-                    worker_socket=str(path),
-                    connections=now.held,
-                    max_worker_clients=max_clients,
-                )
-            elif now.held < max_clients and full:
-                log.info(
-                    "worker socket has room again", worker_socket=str(path), connections=now.held
-                )
-            full = now.held >= max_clients
-            if not now.waiting:
-                if stalled:
-                    log.info("worker socket accepting again", worker_socket=str(path))
-                stalled, waiting_since = False, None
-            elif waiting_since is None:
-                waiting_since = time.monotonic()
-            elif not stalled and time.monotonic() - waiting_since >= stalled_after:
-                stalled = True
-                log.error(
-                    "worker socket not accepting: connections wait in its backlog; the agent is "
-                    "out of descriptors, or gRPC core closed its acceptor after an accept error "
-                    "(ENFILE, ENOMEM): restart the agent if it lasts",
-                    worker_socket=str(path),
-                    waiting=now.waiting,
-                    seconds=round(time.monotonic() - waiting_since, 1),
-                )
-            await anyio.sleep(interval)
-    finally:
-        if table is not None:
-            table.close()

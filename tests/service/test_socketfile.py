@@ -12,7 +12,7 @@ import pytest
 import structlog.testing
 
 from substrate_gpu import exceptions
-from substrate_gpu.service import _socketfile, worker_api
+from substrate_gpu.service import _socketfile, worker_grpc
 
 
 def _mode(path: Path) -> int:
@@ -100,7 +100,7 @@ def test_connections_counts_what_the_server_holds_and_what_waits(tmp_path):
 
 @pytest.mark.anyio
 async def test_the_worker_socket_watch_warns_once_when_full_and_once_with_room_again(tmp_path):
-    """``worker_api.watch_connections``: one warning when the count reaches the bound, one
+    """``worker_grpc.watch_connections``: one warning when the count reaches the bound, one
     line when it drops below, nothing in between."""
     path = tmp_path / "w.sock"
     with socket.socket(socket.AF_UNIX) as listener:
@@ -110,7 +110,7 @@ async def test_the_worker_socket_watch_warns_once_when_full_and_once_with_room_a
         with structlog.testing.capture_logs() as logs:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(
-                    functools.partial(worker_api.watch_connections, path, 2, interval=0.02)
+                    functools.partial(worker_grpc.watch_connections, path, 2, interval=0.02)
                 )
                 for client in clients:
                     client.connect(str(path))
@@ -140,7 +140,7 @@ async def test_the_worker_socket_watch_says_when_connections_wait_unaccepted(tmp
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(
                     functools.partial(
-                        worker_api.watch_connections, path, 5, interval=0.02, stalled_after=0.1
+                        worker_grpc.watch_connections, path, 5, interval=0.02, stalled_after=0.1
                     )
                 )
                 client.connect(str(path))

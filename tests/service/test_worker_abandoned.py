@@ -30,6 +30,7 @@ from substrate_gpu.service import (
     protocol,
     running_agent,
     worker_api,
+    worker_calls,
     worker_requests,
 )
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
@@ -297,7 +298,7 @@ async def test_abandoning_the_startups_undoes_each_and_answers_why(world: World)
     async def run() -> None:
         try:
             await world.worker.RunWorkload(actor.run())
-        except worker_api.CallError as e:
+        except worker_calls.CallError as e:
             answers.append(e)
 
     async with anyio.create_task_group() as tg:
@@ -307,7 +308,7 @@ async def test_abandoning_the_startups_undoes_each_and_answers_why(world: World)
         assert world.worker.abandon_startups() == [UID]
         gate.set()
     [answer] = answers
-    assert isinstance(answer, worker_api.CallError)
+    assert isinstance(answer, worker_calls.CallError)
     assert answer.code.name == "UNAVAILABLE" and "draining" in answer.message
     world.assert_nothing_left()
 

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from substrate_gpu.lifecycle import actors, events, hooks
-from substrate_gpu.service import protocol, worker_api
+from substrate_gpu.service import protocol, worker_api, worker_calls
 
 
 class _Agent:
@@ -65,7 +65,7 @@ def test_a_refused_event_is_answered_by_its_kind(kind, code) -> None:
     door = _RefusingDoor(error)
     service = worker_api.WorkerService(door, runsc="runsc")  # type: ignore[arg-type]
     registered = events.ActorRegistered(actor_id="u.1", gpu=False, bundle="/b", containers=("app",))
-    with pytest.raises(worker_api.CallError) as raised:
+    with pytest.raises(worker_calls.CallError) as raised:
         anyio.run(service._submit, registered)
     assert (raised.value.code, raised.value.message) == (code, f"refused as {kind}")
     assert door.submitted == [registered]

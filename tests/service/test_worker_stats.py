@@ -13,7 +13,7 @@ import pytest
 from support import real
 
 from substrate_gpu.lifecycle import actors, hooks
-from substrate_gpu.service import cgroup_stats, worker_api
+from substrate_gpu.service import cgroup_stats, worker_api, worker_calls
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
 
 CGROUP = "/substrate-gpu/u.1"
@@ -163,7 +163,7 @@ def test_a_sandbox_without_its_cgroup_yet_is_not_measured(tmp_path):
     UNSPECIFIED and zeros, the identity and epoch echoed, the cgroup path read back from
     _pause's bundle (as after an agent restart)."""
     service = _service(tmp_path, _view(tmp_path, "creating"), tmp_path / "empty")
-    with pytest.raises(worker_api.CallError) as refused:
+    with pytest.raises(worker_calls.CallError) as refused:
         anyio.run(service.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid="u"))
     assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert refused.value.message.startswith("no sandbox cgroup to measure yet")
@@ -193,7 +193,7 @@ def test_a_running_sandbox_is_measured_from_its_cgroup(tmp_path):
 
 def test_a_deleted_activation_is_not_executing(tmp_path):
     service = _service(tmp_path, _view(tmp_path, "deleted"), _v2(tmp_path / "cg"))
-    with pytest.raises(worker_api.CallError) as raised:
+    with pytest.raises(worker_calls.CallError) as raised:
         anyio.run(service.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid="u"))
     assert raised.value.code.name == "NOT_FOUND"
     assert (
@@ -239,7 +239,7 @@ def test_an_activation_registered_elsewhere_is_found(tmp_path):
     first = _with(_view(tmp_path, "deleted"))
     door = _Door([first])
     service = worker_api.WorkerService(door, runsc="runsc", cgroup_root=_v2(tmp_path / "cg"))  # type: ignore[arg-type]
-    with pytest.raises(worker_api.CallError):
+    with pytest.raises(worker_calls.CallError):
         anyio.run(service.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid="u"))
     door.agent.put(_with(first, actor_id="u.2", state="running"))
     reply = anyio.run(service.GetWorkloadStats, pb.GetWorkloadStatsRequest(actor_uid="u"))
