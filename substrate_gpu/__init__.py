@@ -8,9 +8,10 @@ import events``). The test kit is :mod:`substrate_gpu.testing`, never imported f
 The names resolve lazily (PEP 562): ``import substrate_gpu`` alone loads nothing but this
 module and the error hierarchy. Every import of a subpackage runs this module first, the
 CLI's included, and each ``substrate-gpu`` command must load only what it needs
-(tests/bench/bench_cli.py): resolving every name here takes ~870 ms against ~74 ms for the
-lazy door and ~66 ms for a bare interpreter (measured side by side, 2026-12). The runsc
-stand-in no longer imports the package at all (it runs as a script).
+(tests/bench/bench_cli.py): resolving every name here would cost many times a bare
+interpreter's start, where the lazy door adds little to it (tests/bench/README.md, "Figures
+behind design choices"). The runsc stand-in no longer imports the package at all (it runs as
+a script).
 """
 
 from __future__ import annotations

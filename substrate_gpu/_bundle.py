@@ -73,9 +73,9 @@ def _finite(text: str) -> float:
 def encode_config(config: Mapping[str, object]) -> bytes:
     """config.json bytes as we write them: compact UTF-8, like containerd and runc write them.
 
-    The standard library's ``json``: msgspec was ~0.1 ms faster per warm injection, next to
-    the hundreds of milliseconds of the ``runsc create`` that follows, and importing it was
-    ~16 ms of every ``substrate-gpu inject``.
+    The standard library's ``json``: what msgspec saved per warm injection is nothing a user
+    sees next to the ``runsc create`` that follows, and importing it slowed every
+    ``substrate-gpu inject`` (tests/bench/README.md, "Figures behind design choices").
     """
     return _encode(config)
 

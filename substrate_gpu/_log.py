@@ -1,10 +1,11 @@
 """structlog loggers that import structlog on their first log call, not at import.
 
-``import structlog`` costs ~120 ms (it loads its console renderer, with rich when installed,
-and asyncio): more than the rest of a one-shot ``substrate-gpu`` command such as ``inject``
-or ``cdi show``, which usually logs nothing (tests/bench/bench_cli.py). The modules those
-commands load take their logger from :func:`get_logger`; it is structlog's own logger, bound
-the same way, once something is logged.
+``import structlog`` is slow (it loads its console renderer, with rich when installed, and
+asyncio): it costs more than the rest of a one-shot ``substrate-gpu`` command such as
+``inject`` or ``cdi show``, which usually logs nothing (tests/bench/bench_cli.py; the figure:
+tests/bench/README.md, "Figures behind design choices"). The modules those commands load
+take their logger from :func:`get_logger`; it is structlog's own logger, bound the same way,
+once something is logged.
 
 :func:`configure_on_first_log` is how such a command configures logging only when it logs:
 the configuration runs just before the first record at or above its level is logged, and

@@ -16,7 +16,7 @@ Design decisions, each guarding a failure mode seen in production:
   command): it runs under ``setpriv --pdeathsig KILL`` (util-linux), which sets
   ``PR_SET_PDEATHSIG`` and execs the tool, so a SIGKILL of the agent kills its in-flight
   ``runsc start``/``create``/``restore`` instead of letting it land after a restarted agent
-  decided what the runtime holds (issue 30). Only the command itself: what it forks (a
+  decided what the runtime holds. Only the command itself: what it forks (a
   sandbox, its gofer) is unaffected, as it must be. ``setpriv`` rather than a
   ``preexec_fn``: Python code between fork and exec can deadlock in a process with threads
   (the agent has them), and the pdeathsig survives the exec of a non-setuid binary. Without

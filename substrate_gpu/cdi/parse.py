@@ -56,7 +56,7 @@ from substrate_gpu.cdi import bodies, model, versions
 __all__ = ["MAX_SPEC_BYTES", "load_spec", "parse_spec"]
 
 #: The largest spec file read (``--max-spec-bytes`` in the CLI): a generated spec is ~30 KiB,
-#: a 300 MB string took ~1 GB of memory to parse.
+#: and parsing a string takes several times its size in memory.
 MAX_SPEC_BYTES: Final = _defaults.MAX_SPEC_BYTES
 
 _INT64_MAX: Final = 2**63 - 1
@@ -126,7 +126,7 @@ def _decode(text: str) -> object:
         except (ValueError, RecursionError) as e:
             json_problem = f"not valid JSON: {e}"
     # Imported here: a JSON spec (what the agent has nvidia-ctk generate) never loads PyYAML,
-    # ~15 ms of a `cdi show` or `inject`.
+    # whose import would slow every `cdi show` or `inject` (tests/bench/bench_cli.py).
     import yaml  # noqa: PLC0415
 
     from substrate_gpu.cdi import _yaml_spec  # noqa: PLC0415

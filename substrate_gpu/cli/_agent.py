@@ -373,7 +373,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_demo(config: config_.AgentConfig) -> int:
-    import tempfile  # noqa: PLC0415  (demo mode only: ~9 ms of every command's start)
+    import tempfile  # noqa: PLC0415  (demo mode only: it would slow every command's start)
 
     import anyio  # noqa: PLC0415
 

@@ -53,9 +53,9 @@ which every rule reads as "did not complete": its leftovers are deleted, apps fi
 root is killed and waited for (:meth:`~substrate_gpu.runsc.driver.RunscDriver.reap_stragglers`;
 they die with the agent anyway, ``PR_SET_PDEATHSIG``): a ``runsc start side`` landing after
 the decision would start a container of a sandbox just deleted as part-made, beside GPUs
-just handed to another actor (issue 30).
+just handed to another actor.
 
-**GPUs follow what runs** (issue 30). After the decisions, every GPU actor whose sandbox
+**GPUs follow what runs.** After the decisions, every GPU actor whose sandbox
 may exist (in flight, or its record says so) is asked again; the GPUs injected in a sandbox
 with a live container (its bundles' ``/dev/nvidiaN`` nodes and ``cdi.k8s.io/*``
 annotations) go to the agent as :class:`~substrate_gpu.lifecycle.allocation.LiveSandbox`

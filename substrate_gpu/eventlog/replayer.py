@@ -259,7 +259,8 @@ def replay(
     """Read and replay the log at ``path`` (only ``actor``'s events when given).
 
     The cyclic GC stays paused throughout: each collection it would start between the
-    steps traverses the million-record lists just built (nine of them cost a replay 4%)."""
+    steps traverses the million-record lists just built, a cost replay need not pay
+    (tests/bench/README.md, "Figures behind design choices")."""
     with reader.gc_paused():
         return replay_contents(
             reader.read_log(path),

@@ -101,7 +101,7 @@ class PlanCache:
     hook binary. The edits are compared by identity (the worker's parsed spec is shared and
     immutable; the agent keeps one edits object per requested device set), the rest by
     value; only the last device set is kept (more bought nothing a user sees: a plan costs
-    well under a millisecond next to the ~300 ms of ``runsc create``; docs/gpu-injection.md).
+    next to nothing beside ``runsc create``; docs/gpu-injection.md).
     The resolution of the device nodes is reused while they stat the same (one ``stat``
     a node). Safe to share between threads: each entry is replaced as one object.
     """
@@ -358,8 +358,8 @@ def _inject(
 
 def withhold_gpus(bundle: Path | str, container: str) -> InjectionReport:
     """Give ``<bundle>/<container>`` no GPU: the app container of a sandbox whose other
-    containers name their own GPUs while this one names none (GPUs per container, issue 31
-    §10). No device node, no mount, no hook, no CDI env: only the image's
+    containers name their own GPUs while this one names none (GPUs per container). No
+    device node, no mount, no hook, no CDI env: only the image's
     ``NVIDIA_VISIBLE_DEVICES`` is dropped (:func:`oci.withheld`; a config holding an NVIDIA
     node already is refused), written atomically, or not at all when there is none."""
     started = time.perf_counter()

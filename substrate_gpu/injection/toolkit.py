@@ -165,7 +165,8 @@ class CdiSpecGenerator:
 
     def __init__(self, config: ToolkitConfig, *, metrics: GenerationMetrics | None = None) -> None:
         # anyio and the process runner only here: `inject` and `cdi show` use this module's
-        # paths and never generate (~15 ms of their start).
+        # paths and never generate, and importing them would slow their start
+        # (tests/bench/bench_cli.py).
         import anyio  # noqa: PLC0415
 
         self.config = config

@@ -19,7 +19,7 @@ A pure, deterministic functional core (:func:`decide`) and a small stateful shel
   ``awaiting_gpus`` state, retried when GPUs are freed); one that this worker can never meet
   (more GPUs than it has, a name it does not have) is **refused**
   with the reason (``gpus_refused`` → ``failed``).
-- **GPUs per container** (issue 31 §10): a sandbox whose app containers name their own
+- **GPUs per container**: a sandbox whose app containers name their own
   GPUs asks for their union, in ``groups`` (one per container). The same GPU named by two
   containers is one GPU of the sandbox, shared by them (they are one actor); named twice
   by one container (by two of its names), it is that GPU once, as in any request.
@@ -41,7 +41,7 @@ A pure, deterministic functional core (:func:`decide`) and a small stateful shel
 - **What runs wins over what the log says.** A GPU injected into a sandbox the runtime
   shows live (its bundles' ``/dev/nvidiaN`` nodes and CDI annotations, read by recovery:
   :class:`LiveSandbox`) is held by that actor whatever its record says, beside what the
-  record holds; every difference is reported (issue 30). The pipeline keeps such GPUs, and
+  record holds; every difference is reported. The pipeline keeps such GPUs, and
   the GPUs of an actor whose sandbox may outlive its holding state (an interrupted or
   timed-out effect), until the sandbox is known gone.
 - **A legacy GPU actor holds every GPU.** One registered ``gpu: true`` before requests were

@@ -42,7 +42,7 @@ Decisions worth knowing:
   0600 before ``checkpoint_written``, whatever the umask (:mod:`substrate_gpu._private`).
 - A successful checkpoint is followed by ``delete --force`` (``--leave-running`` resumed the
   sandbox; without it the stopped container still holds the id a restore needs).
-- **No outcome frees GPUs under a sandbox that may still run** (issue 30): an outcome that
+- **No outcome frees GPUs under a sandbox that may still run**: an outcome that
   leaves a ``holds_gpus`` state for one the machine does not mark ``may_leave_sandbox``
   (``stopped``, ``suspended``) is produced only when the sandbox is known gone. A failed
   restore whose leftovers cannot be deleted is ``effect_failed`` (``failed``: the pipeline

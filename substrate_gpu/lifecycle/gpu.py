@@ -17,7 +17,7 @@ a GPU actor with a live CUDA context is refused (there is no route). With it:
 Which route is *available* is a fact found here; what happens next is the machine's
 (``machines/actor.yaml``: ``live_context_found`` → ``checkpointing`` or ``cuda_suspending``).
 
-The actor's own GPUs (issue 26): :func:`own_gpu_uuids` resolves the GPUs the allocator gave
+The actor's own GPUs: :func:`own_gpu_uuids` resolves the GPUs the allocator gave
 an actor to UUIDs through the CDI spec's UUID names (the allocator's aliases; all of the
 host's GPUs, from ``/proc/driver/nvidia/gpus``, for an actor given every GPU). Checkpoints
 record them with their used memory (:func:`gpus_now`), restores pair them with the new

@@ -204,11 +204,12 @@ def compiled_path(path: Path) -> Path:
     """The compiled form of the machine at ``path``: ``actor.yaml`` -> ``actor.compiled.json``.
 
     The YAML parsed once, as JSON, beside the YAML text it came from. Importing and running
-    PyYAML is ~27 ms of every command that replays a log (``replay``, the agent's
-    recovery); reading the JSON is 0.2 ms. It is used only when the text it records is the
-    YAML's text exactly, so an edited YAML is never shadowed by an old compiled form (it is
-    then parsed as YAML: slower, never wrong), and a test fails while it is out of date
-    (``python -m substrate_gpu.lifecycle.diagram`` rewrites it).
+    PyYAML would cost every command that replays a log (``replay``, the agent's recovery)
+    far more than reading the JSON does (tests/bench/README.md, "Figures behind design
+    choices"). It is used only when the text it records is the YAML's text exactly, so an
+    edited YAML is never shadowed by an old compiled form (it is then parsed as YAML:
+    slower, never wrong), and a test fails while it is out of date (``python -m
+    substrate_gpu.lifecycle.diagram`` rewrites it).
     """
     return path.with_name(path.name.removesuffix(".yaml") + ".compiled.json")
 
@@ -525,8 +526,8 @@ class Interpreter:
 
     A plain loop over the entry's transitions: closures specialised to each entry's shape,
     decision tables and an undo-free table for replay were measured against it and did not
-    pay (issue 24: agent events/s and recovery of a 1,000,000-event log moved by less
-    than 20%; docs/architecture.md has the figures).
+    pay (neither agent events/s nor recovery of a 1,000,000-event log moved enough;
+    docs/architecture.md has the figures).
     """
 
     def __init__(self, spec: MachineSpec) -> None:
@@ -579,7 +580,7 @@ def _holds(
     for test in conditions:
         if not test(actor, event):
             return False
-    for test in unless:  # noqa: SIM110 (a loop: any() over a generator costs twice as much)
+    for test in unless:  # noqa: SIM110 (a loop: any() over a generator is slower)
         if test(actor, event):
             return False
     return True

@@ -21,7 +21,7 @@ How an event flows (one actor's events strictly in order, actors concurrently):
    timeout, or an unexpected error) into an outcome event, and accepts that like any
    other event; a follow-up effect (create → start) continues on the same worker and slot.
 
-**No GPU is freed while a sandbox that has it may still run** (issue 30). When an actor
+**No GPU is freed while a sandbox that has it may still run**. When an actor
 leaves a ``holds_gpus`` state for one the machine marks ``may_leave_sandbox`` (``failed``:
 an effect failed, timed out or was interrupted, a verification failed, a resume failed with
 the sandbox up), or for any state when the effect raised (an unexpected error: what it did

@@ -1,5 +1,5 @@
 """Multi-container sandboxes: the order in which a ``_pause`` root and app containers are made,
-checkpointed, restored and deleted (issue 23, docs/runsc.md "Multi-container sandboxes").
+checkpointed, restored and deleted (docs/runsc.md "Multi-container sandboxes").
 
 An actor registered with ``containers`` is a gVisor sandbox as Kubernetes' CRI makes one: a
 root container ``_pause`` (no GPU devices) that boots the sandbox, and the app containers,
@@ -11,7 +11,7 @@ Decisions worth knowing (seen on the pinned runsc, ``tests/runsc/test_real_sandb
 - **A runsc root per actor** (``<root>/<actor_id>``,
   :class:`~substrate_gpu.runsc.api.PerActorRoot`): container names repeat across actors.
 - **A runsc binary per actor** when it names one (``actor_registered.runsc``: atelet's
-  staged ``runsc_path``, issue 31 §5; :class:`~substrate_gpu.runsc.api.PerBinary`): every
+  staged ``runsc_path``; :class:`~substrate_gpu.runsc.api.PerBinary`): every
   command of the sandbox, recovery's and the check's included, runs that binary.
   A runtime without per-actor roots cannot run a sandbox actor: its effects fail with
   :class:`SandboxError` saying so.
@@ -38,7 +38,7 @@ Decisions worth knowing (seen on the pinned runsc, ``tests/runsc/test_real_sandb
   runsc left mounted in the actor's root (``null-netns``, one per sandbox booted under
   ``--network=none``) is detached and the root removed (:mod:`substrate_gpu.runsc.roots`).
   A root whose containers could not all be deleted is kept: it is their record.
-- **GPUs per container** (issue 31 §10, :func:`container_gpus`): when the registration
+- **GPUs per container** (:func:`container_gpus`): when the registration
   names each app container's own GPUs, each gets exactly those and one naming none gets
   none (the effects inject and verify container by container); otherwise every app
   container gets the actor's.
@@ -140,7 +140,7 @@ def container_gpus(
     own (no container names its GPUs: the seed PR's rule, every app container all of
     them); else the names its own config asked for, each as the allocator's canonical name
     of that GPU (``aliases``; as asked without one), and () for a container that asked for
-    none (issue 31 §10)."""
+    none."""
     if not actor.container_gpus:
         return None
     own = actor.container_gpus.get(name, "")

@@ -1,5 +1,5 @@
 """The ``verify`` effect: a started or restored GPU sandbox runs only once it is seen to be
-what the actor was given (issue 26 items 2 and 6).
+what the actor was given.
 
 Two failures look healthy from outside:
 
@@ -19,9 +19,9 @@ actor's UUIDs unknown (a spec naming GPUs by index only), no ``sandbox_exec``, n
 
 The container checked is the actor's (container id = actor id). In a multi-container
 sandbox, the app containers are each checked the same way, under the per-actor runsc root:
-each against the actor's GPUs, or, when its containers name their own (GPUs per container,
-issue 31 §10), each against its own set. A container given none must list none; one with
-no ``nvidia-smi`` at all (only the driver mounts bring it) lists none.
+each against the actor's GPUs, or, when its containers name their own (GPUs per container),
+each against its own set. A container given none must list none; one with no
+``nvidia-smi`` at all (only the driver mounts bring it) lists none.
 """
 
 from __future__ import annotations

@@ -344,8 +344,8 @@ def ensure_symlink_at(dir_fd: int, name: str, target: str) -> LinkOutcome:
             continue
         if current == target:
             return LinkOutcome.EXISTS
-        # os.urandom is what secrets.token_hex reads; importing secrets (hmac, OpenSSL) was
-        # ~5 ms of every `substrate-gpu inject`.
+        # os.urandom is what secrets.token_hex reads; importing secrets (hmac, OpenSSL) would
+        # slow every `substrate-gpu inject` (tests/bench/bench_cli.py).
         temp = f".substrate-gpu-{os.urandom(8).hex()}.tmp"  # short: name may be NAME_MAX
         os.symlink(target, temp, dir_fd=dir_fd)
         try:

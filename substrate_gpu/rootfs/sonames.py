@@ -1,9 +1,10 @@
 """Reading ``DT_SONAME`` from host libraries, cheaply, and remembering it.
 
-Why not ``ELFFile(f).get_section_by_name('.dynamic')``: that parses every section header
-(~2 ms a library), and section headers are optional metadata the dynamic linker never reads
-(``strip --strip-section-headers`` removes them). The loader's own view is the program
-headers, so the cold path reads exactly what ``ld.so`` reads:
+Why not ``ELFFile(f).get_section_by_name('.dynamic')``: that parses every section header,
+a cost paid per library (tests/bench/bench_sonames.py times it), and section headers are
+optional metadata the dynamic linker never reads (``strip --strip-section-headers`` removes
+them). The loader's own view is the program headers, so the cold path reads exactly what
+``ld.so`` reads:
 
 1. the ELF header (52 or 64 bytes),
 2. the program header table,
@@ -22,8 +23,8 @@ input never raises: ``struct.error``, ``OverflowError``,
 
 :class:`SonameCache` keys results by the file's identity and version (device, inode, size,
 mtime, ctime), so a later lookup pays one ``stat`` per library and nothing else (~40 of them
-for a later actor's whole driver, ~0.1 ms; a host watch that saved them moved a warm
-injection next to ``runsc create`` by under 1%, so it was removed: docs/gpu-injection.md).
+for a later actor's whole driver; a host watch that saved them moved a warm injection next to
+``runsc create`` by too little to matter, so it was removed: docs/gpu-injection.md).
 """
 
 from __future__ import annotations
@@ -138,8 +139,8 @@ _PHDR64_FIELDS = (
 #: added), as the System V gABI lays them out (``Elf32_Ehdr``, ``Elf64_Phdr``, ...; ``e_ident``
 #: skipped: read on its own). tests/rootfs/test_rootfs_sonames.py derives the same from
 #: pyelftools' ``ELFStructs``, so the two cannot drift; importing pyelftools here instead
-#: would pull in ``elftools.construct.debug`` and with it pdb, bdb, cmd and code (~15 ms of
-#: a cold injection).
+#: would pull in ``elftools.construct.debug`` and with it pdb, bdb, cmd and code (most of
+#: a cold injection's time: tests/bench/bench_sonames.py).
 _RECORDS: dict[int, dict[str, tuple[tuple[str, ...], str]]] = {
     32: {
         "ehdr": (_EHDR_FIELDS, "16xHHLLLLLHHHHHH"),

@@ -276,8 +276,8 @@ class StragglerReaper(Protocol):
 
 @runtime_checkable
 class PerBinary(Protocol):
-    """A runtime that can run a sandbox under another runsc binary (issue 31 §5: the one
-    atelet staged for the activation, ``runsc_path``), with that binary's own features and
+    """A runtime that can run a sandbox under another runsc binary (the one atelet
+    staged for the activation, ``runsc_path``), with that binary's own features and
     supported-driver list.
 
     The binary is trusted as the caller checked it (the worker API: a regular executable

@@ -9,7 +9,7 @@ A thin effectful shell around :mod:`substrate_gpu.runsc.argv` (what to run) and
   A hung runsc can therefore never wedge the agent. Every command also dies with the agent
   (``die_with_parent``: ``PR_SET_PDEATHSIG`` through ``setpriv``), so a killed agent's
   ``runsc start`` cannot land after the restarted agent's recovery decided what runs;
-  :meth:`RunscDriver.reap_stragglers` kills any that still run (issue 30).
+  :meth:`RunscDriver.reap_stragglers` kills any that still run.
 - Timeouts are per operation: ``create``, ``restore`` and ``checkpoint`` move a sandbox's
   memory around and get minutes; ``state`` is a metadata read and gets seconds.
 - Features are **detected, never assumed** (``runsc --version``, ``runsc help checkpoint``,
@@ -27,7 +27,7 @@ A thin effectful shell around :mod:`substrate_gpu.runsc.argv` (what to run) and
   (``<root>/<actor_id>``; runsc makes it on the first create), features detected once;
   :meth:`RunscDriver.remove_root` unmounts and removes it once its containers are gone.
 - :meth:`RunscDriver.for_binary` runs another runsc binary (the one atelet staged for an
-  activation, issue 31 §5). Its features and its ``nvproxy list-supported-drivers`` are its
+  activation). Its features and its ``nvproxy list-supported-drivers`` are its
   own, detected once per binary and **cached by the binary's SHA-256** on the driver it
   came from: atelet stages runsc content-addressed, so a re-staged copy of the same build
   is detected once, a new build on its first use. The digest of a path is kept while the

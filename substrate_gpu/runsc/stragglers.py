@@ -6,7 +6,7 @@ died between the fork and the ``prctl``. Such a straggler would land later: a ``
 start side`` of a sandbox recovery just found half-started, a ``runsc create`` of one it
 just deleted. So recovery first kills every runsc *command* whose ``--root`` is the agent's
 root or an actor's root under it, and waits until each is gone; only then does it ask what
-the runtime holds (issue 30).
+the runtime holds.
 
 A command is told from a sandbox by its subcommand: runsc's sandbox and gofer processes
 (``runsc-sandbox … boot``, ``runsc-gofer … gofer``) are the containers themselves and are

@@ -100,8 +100,8 @@ def read(cgroup: str, root: Path = CGROUP_ROOT) -> CgroupSample | None:
 class CgroupReader:
     """One cgroup's figure files, held open while its sandbox lives: a sample is then four
     ``pread``-s at offset 0 (a cgroup file is regenerated on each read from its start), with
-    no path walk and no open, the bulk of a read's cost (measured: 1,000 sandboxes in ~27 ms
-    against ~72 ms opening each file per read, on cgroup v1 of a 2-core VM).
+    no path walk and no open, the bulk of a read's cost when each file is opened per read
+    (tests/bench/README.md, "Figures behind design choices").
 
     Not thread-safe: one sample at a time, and :meth:`close` never while one is being read
     (a closed descriptor's number can be reused by any file). When the cgroup is removed,

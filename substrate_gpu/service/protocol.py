@@ -213,11 +213,11 @@ class _Envelope(msgspec.Struct):
     """The keys of a request line the event types cannot tell apart from their defaults.
 
     A well-formed request is decoded twice, as its event and as this envelope (``v`` given,
-    ``seq`` absent), on purpose. Measured per line (actor_registered / run_requested): the
-    envelope pass is 0.36 / 0.22 µs of parse_request's 2.6 / 1.0 µs. The one-pass
-    alternative, a request subclass of every external event with ``v`` required and
-    ``seq`` captured, decodes in 1.0 µs alone and must then build the event again (2.5 µs
-    in all): more types, slower, and no figure a client sees moves (issue 24).
+    ``seq`` absent), on purpose: the envelope pass is a small share of parse_request's
+    time. The one-pass alternative, a request subclass of every external event with ``v``
+    required and ``seq`` captured, must then build the event again: more types, slower,
+    and no figure a client sees moves (tests/bench/README.md, "Figures behind design
+    choices").
     """
 
     type: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET

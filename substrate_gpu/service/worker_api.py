@@ -572,7 +572,7 @@ class WorkerService:
     def _staged(
         self, workload: worker_requests.Workload, runsc_path: str
     ) -> worker_requests.Workload:
-        """``workload`` under the staged runsc ``runsc_path`` names (checked: issue 31 §5)."""
+        """``workload`` under the staged runsc ``runsc_path`` names (checked first)."""
         if self._runsc.is_ours(runsc_path):
             return workload  # the agent's own runsc: its runtime as it is
         staged = worker_requests.check_runsc_path(runsc_path, self._static_dir)
@@ -939,7 +939,7 @@ class WorkerService:
         """A sample per view. Every sandbox's cgroup is read in one thread hop (the loop
         serves the lifecycle calls meanwhile), through a :class:`~.cgroup_stats.CgroupReader`
         per live activation that keeps its files open; readers of activations no longer
-        live are closed first. 1,000 sandboxes: ~30 ms (docs/worker-api.md, Performance)."""
+        live are closed first (its cost at 1,000 live: docs/worker-api.md, Performance)."""
         readers: list[cgroup_stats.CgroupReader | None] = []
         for view in views:
             cgroup = await self._cgroup_of(view)

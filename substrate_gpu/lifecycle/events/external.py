@@ -37,16 +37,16 @@ class ActorRegistered(Event, frozen=True, kw_only=True, tag="actor_registered"):
     injected without allocation (:attr:`allocates_gpus` is False), so old logs replay as
     they were written.
 
-    Version 3 (sandboxes, issue 23): ``containers`` names the app containers of a
-    multi-container sandbox and ``identity`` carries the caller's opaque identity. A v1 or
-    v2 line has neither (both empty: a single-container actor, as it was written); one that
-    carries them is refused, so an older agent's meaning is never silently extended.
+    Version 3 (sandboxes): ``containers`` names the app containers of a multi-container
+    sandbox and ``identity`` carries the caller's opaque identity. A v1 or v2 line has
+    neither (both empty: a single-container actor, as it was written); one that carries
+    them is refused, so an older agent's meaning is never silently extended.
 
-    Version 4 (issue 31 §10 and §5): ``container_gpus`` names, per app container, the GPUs
-    its own config asked for (the other app containers get none), and ``runsc`` the runsc
-    binary the sandbox runs under (atelet's staged ``runsc_path``). A v1 to v3 line has
-    neither (every app container gets the actor's GPUs, the agent's own runsc, as it was
-    written); one that carries either is refused.
+    Version 4 (GPUs per container, a runsc per sandbox): ``container_gpus`` names, per app
+    container, the GPUs its own config asked for (the other app containers get none), and
+    ``runsc`` the runsc binary the sandbox runs under (atelet's staged ``runsc_path``). A
+    v1 to v3 line has neither (every app container gets the actor's GPUs, the agent's own
+    runsc, as it was written); one that carries either is refused.
     """
 
     v: Literal[1, 2, 3, 4] = 4  # type: ignore[assignment]  # reads v1 to v4 (see above)
@@ -236,7 +236,7 @@ class RunRequested(Event, frozen=True, tag="run_requested"):
 class SuspendRequested(Event, frozen=True, tag="suspend_requested"):
     """Checkpoint the actor and stop its sandbox.
 
-    Version 2 (issue 23): ``image_path`` chooses the checkpoint's directory. A v1 line has
+    Version 2: ``image_path`` chooses the checkpoint's directory. A v1 line has
     none (the checkpoint goes where it always went); one that carries it is refused.
     """
 
