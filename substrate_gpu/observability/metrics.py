@@ -24,13 +24,13 @@ Design decisions:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from importlib import metadata
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from substrate_gpu import _version
 from substrate_gpu.lifecycle import events, machine, names, registry
 from substrate_gpu.observability import health
 
@@ -617,7 +617,4 @@ class AgentMetrics:
 
 
 def _package_version() -> str:
-    try:
-        return metadata.version("substrate-gpu")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    return _version.VERSION

@@ -41,12 +41,10 @@ without this module's GPU step (tests compare the two renderings).
 from __future__ import annotations
 
 import copy
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import metadata
 
-from substrate_gpu import _defaults
+from substrate_gpu import _defaults, _version
 from substrate_gpu.exceptions import ConfigError
 from substrate_gpu.pools import model, worker_agent, worker_pod
 
@@ -110,13 +108,9 @@ class ControllerSettings:
         )
 
 
-@functools.cache
-def agent_image() -> str | None:
-    """``substrate-gpu:<installed version>``; ``None`` when the package is not installed."""
-    try:
-        return f"{AGENT_IMAGE_REPOSITORY}:{metadata.version('substrate-gpu')}"
-    except metadata.PackageNotFoundError:
-        return None
+def agent_image() -> str:
+    """``substrate-gpu:<this package's version>``."""
+    return f"{AGENT_IMAGE_REPOSITORY}:{_version.VERSION}"
 
 
 def runs_agent(pool: model.WorkerPool) -> bool:

@@ -21,7 +21,6 @@ import contextlib
 import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Final
 
 import anyio
@@ -32,7 +31,7 @@ import h2.events
 import h2.exceptions
 from anyio.abc import ByteStream
 
-from substrate_gpu import exceptions
+from substrate_gpu import _version, exceptions
 
 __all__ = ["ALPN", "GrpcError", "unary_call"]
 
@@ -66,11 +65,7 @@ class GrpcError(exceptions.SubstrateGpuError):
 
 
 def _user_agent() -> str:
-    try:
-        version = metadata.version("substrate-gpu")
-    except metadata.PackageNotFoundError:  # pragma: no cover (a source checkout)
-        version = "unknown"
-    return f"substrate-gpu/{version} grpc-h2"
+    return f"substrate-gpu/{_version.VERSION} grpc-h2"
 
 
 def _grpc_timeout(seconds: float) -> str:
