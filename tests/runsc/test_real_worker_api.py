@@ -522,17 +522,27 @@ def test_sigterm_stops_the_apps_in_gvisor_and_records_it(
     the --workload-grace deadline (10 s default), the agent exits, both apps are stopped in
     runsc, _pause is left for recovery or Terminate, and the log says sandbox_exited.
     Also: every create/restore/start ran with upstream's flags on this runsc (accepted)."""
-    polite = "trap 'exit 0' TERM; while true; do sleep 0.1; done"
-    stubborn = "trap '' TERM; while true; do sleep 0.1; done"  # ignores TERM
+    # Each app says when its trap is set: a SIGTERM before that would end the stubborn one at
+    # once (Run answers when the container started, not when its shell ran its first line).
+    polite = "trap 'exit 0' TERM; echo > /tmp/trapped; while true; do sleep 0.1; done"
+    stubborn = "trap '' TERM; echo > /tmp/trapped; while true; do sleep 0.1; done"
     actor = Actor(tmp_path / "stop", runsc=str(real_runsc), uid="stop", apps=("polite", "stub"))
     actor.prepare()
     bundles.make_bundle(actor.bundles / "polite", ["sh", "-c", polite])
     bundles.make_bundle(actor.bundles / "stub", ["sh", "-c", stubborn])
     assert status_of(worker.RunWorkload, actor.run()) == (OK, "")
+    actor_root = root / "stop.1"
+    for name in ("polite", "stub"):
+        trapped = ("exec", name, "/bin/cat", "/tmp/trapped")
+        for _ in range(500):
+            if runsc_.run(real_runsc, actor_root, *trapped, check=False).returncode == 0:
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail(f"app {name!r} never set its TERM trap")
     started = time.monotonic()
     assert agent.terminate() == 0, agent.stderr()[-3000:]
     assert 9 <= time.monotonic() - started < 40
-    actor_root = root / "stop.1"
     states = {
         name: json.loads(runsc_.run(real_runsc, actor_root, "state", name).stdout)["status"]
         for name in ("polite", "stub", "_pause")

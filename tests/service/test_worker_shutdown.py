@@ -21,10 +21,27 @@ from .workerclient import Actor, connect, status_of
 
 pytestmark = pytest.mark.runc
 
-#: An app that exits on SIGTERM, leaving a mark in its rootfs.
-POLITE = ["sh", "-c", "trap 'echo bye > /tmp/bye; exit 0' TERM; while true; do sleep 0.1; done"]
+#: An app that exits on SIGTERM, leaving a mark in its rootfs. Each app marks when its trap
+#: is set: Run answers once the container started, maybe before its shell's first line, and a
+#: SIGTERM before the trap would test nothing (:func:`_trapped` waits for the mark).
+POLITE = [
+    "sh", "-c",
+    "trap 'echo bye > /tmp/bye; exit 0' TERM; echo > /tmp/trapped; while true; do sleep 0.1; done",
+]  # fmt: skip
 #: An app that never exits on SIGTERM (it ignores it).
-STUBBORN = ["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"]
+STUBBORN = ["sh", "-c", "trap '' TERM; echo > /tmp/trapped; while true; do sleep 0.1; done"]
+
+
+def _trapped(actor: Actor) -> None:
+    """Every app container of ``actor`` has set its TERM trap."""
+    for app in actor.apps:
+        mark = actor.bundles / app / "rootfs" / "tmp" / "trapped"
+        for _ in range(500):
+            if mark.exists():
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail(f"app {app!r} of {actor.uid!r} never set its TERM trap")
 
 
 def _agent(tmp_path: Path, runc_path: str, grace: float) -> AgentProcess:
@@ -63,6 +80,7 @@ def test_sigterm_reaches_each_app_container_and_the_agent_exits_when_they_have(
         tmp_path / "polite", runsc=agent.runsc, uid="polite", apps=("app", "side"), app_args=POLITE
     ).prepare()
     assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
+    _trapped(actor)
     started = time.monotonic()
     assert agent.terminate(signal.SIGTERM, timeout=40) == 0
     assert time.monotonic() - started < 30  # not the 60 s grace: the apps exited
@@ -82,6 +100,7 @@ def test_an_app_that_ignores_sigterm_is_killed_at_the_grace_deadline(
     worker = connect(tmp_path / "worker" / "worker.sock")
     actor = Actor(tmp_path / "stubborn", runsc=agent.runsc, uid="stubborn", app_args=STUBBORN)
     assert status_of(worker.RunWorkload, actor.prepare().run()) == (grpc.StatusCode.OK, "")
+    _trapped(actor)
     started = time.monotonic()
     assert agent.terminate(signal.SIGTERM, timeout=40) == 0
     took = time.monotonic() - started
@@ -125,6 +144,7 @@ def test_while_draining_an_actor_can_still_be_checkpointed_and_terminated(
     ended = Actor(tmp_path / "ended", runsc=agent.runsc, uid="ended", app_args=STUBBORN)
     for actor in (saved.prepare(), ended.prepare()):
         assert status_of(worker.RunWorkload, actor.run()) == (grpc.StatusCode.OK, "")
+        _trapped(actor)
     started = time.monotonic()
     agent.process.send_signal(signal.SIGTERM)
     # Not prepared: INVALID_ARGUMENT (no bundle) until the drain refuses it before reading.
