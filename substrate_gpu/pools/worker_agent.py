@@ -152,7 +152,7 @@ WORKLOAD_GRACE_S: Final = 1800
 deadline for calls in flight and then for the app containers' SIGTERM, before SIGKILL."""
 _KILL_WAIT_S: Final = 5
 """After the SIGKILLs, how long the worker API waits for the containers to go (upstream's
-``containerKillTimeout``, ``service.worker_api.KILL_TIMEOUT``: the pools package sits below
+``containerKillTimeout``, ``service.worker_shutdown.KILL_TIMEOUT``: the pools package sits below
 the service, so the test that the shutdown fits the grace adds the service's own)."""
 _CLOSE_MARGIN_S: Final = 15
 """Closing the event log, the sockets and the metrics server, with room to spare."""

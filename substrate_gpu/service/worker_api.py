@@ -9,7 +9,9 @@ agent's own event loop. Each call becomes events submitted through the same
 Here are the calls (:class:`WorkerService`); beside them, :mod:`.worker_grpc` serves them on
 the socket (statuses, bounds, reflection), :mod:`.worker_calls` holds one call's plumbing
 (its error, the per-UID lock, the runsc it names), :mod:`.worker_durable` the durable-dir
-volumes, :mod:`.worker_requests` the checks of a request's fields and files. In short:
+volumes, :mod:`.worker_requests` the checks of a request's fields and files,
+:mod:`.worker_stats` the samples, :mod:`.worker_shutdown` the app containers at SIGTERM.
+In short:
 
 - **One activation, one actor.** ``deleted`` is final, and atelet runs, checkpoints and
   restores one actor UID again and again, so each Run or Restore registers a new actor
@@ -34,17 +36,15 @@ volumes, :mod:`.worker_requests` the checks of a request's fields and files. In 
   stops it at the step it is in (an effect in flight finishes, bounded by its timeout: a
   runsc command is never killed half-way), then deletes the activation it registered,
   before the UID's lock is released: the next call of the UID finds nothing of it.
-- **Stats never wait.** They read the actor table and the sandbox's cgroup
-  (:mod:`.cgroup_stats`), never the per-UID lock the lifecycle calls hold; each live
-  activation's cgroup files stay open, and one stats call reads all of them in one thread
-  hop (under a lock of the stats' own, so no descriptor is closed while read).
+- **Stats never wait.** They read the actor table and the sandbox's cgroup, never the
+  per-UID lock the lifecycle calls hold (:mod:`.worker_stats`).
 - **Draining**: after SIGTERM a Run or Restore is answered ``UNAVAILABLE``, so atelet places
   the actor on another worker; a Checkpoint or Terminate is still served (upstream's worker
   lets an actor suspend while its pod shuts down), and so are stats.
   :meth:`WorkerService.shutdown` then does what upstream's ``gracefulShutdown`` does: the
   lifecycle calls in flight finish (a checkpoint saves its actor), then every app container
   of every running sandbox gets SIGTERM, and SIGKILL at the one deadline
-  (``--workload-grace``); each actor whose apps all exited is recorded ``sandbox_exited``.
+  (``--workload-grace``; :mod:`.worker_shutdown`).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ import anyio.to_thread
 import grpc
 import grpc.aio
 
-from substrate_gpu import _blocking, _defaults, _private, exceptions
+from substrate_gpu import _blocking, _defaults, _private
 from substrate_gpu._log import get_logger
 from substrate_gpu.injection import devices
 from substrate_gpu.lifecycle import actors, errors, events, hooks, sandbox
@@ -81,6 +81,8 @@ from substrate_gpu.service import (
     worker_calls,
     worker_durable,
     worker_requests,
+    worker_shutdown,
+    worker_stats,
 )
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
 from substrate_gpu.service.worker_calls import CallError
@@ -93,8 +95,6 @@ SERVICE: Final = pb.DESCRIPTOR.services_by_name["Worker"]
 
 #: The identity fields every request carries, kept on the actor and echoed in samples.
 IDENTITY_FIELDS: Final = worker_requests.IDENTITY_FIELDS
-#: Where the activation's start is kept beside them (``epoch_unix_nano`` of the samples).
-EPOCH_KEY: Final = "epoch_unix_nano"
 #: Outcomes that are a refusal (the machine or the node said no; nothing broke).
 REFUSALS: Final = frozenset(
     {
@@ -114,11 +114,6 @@ SETTLE_TIMEOUT: Final = 600.0
 LIFECYCLE_CALLS: Final = frozenset(
     {"RunWorkload", "RestoreWorkload", "CheckpointWorkload", "TerminateWorkload"}
 )
-#: After SIGKILL, how long an app container may take to be gone (upstream's
-#: ``containerKillTimeout``: not drawn from the grace, which has passed by then).
-KILL_TIMEOUT: Final = 5.0
-#: How often a container's state is read while waiting for it to exit.
-EXIT_POLL: Final = 0.1
 #: How long a closing worker lets the calls still in it answer before cancelling them.
 CLOSE_GRACE: Final = 1.0
 
@@ -156,15 +151,11 @@ class WorkerService:
         self._runsc = worker_calls.RunscBinary(runsc)
         self._static_dir = runsc_static_dir
         self._gpu_worker = devices.has_gpu(dev_root)
-        self._cgroup_root = cgroup_root
-        self._cgroups: dict[str, str | None] = {}
-        self._readers: dict[str, cgroup_stats.CgroupReader] = {}
         self._activations = activations.Activations(self._agent)
         """Live activations per UID, kept as transitions happen (O(live), not O(actors))."""
+        self._stats = worker_stats.Stats(self._agent, self._activations.is_live, cgroup_root)
         self._composed: dict[str, bool] = {}
         """Whether the rootfs of an activation this agent prepared was composed (mounted)."""
-        # Held while the readers' descriptors are read (in a thread) or closed.
-        self._stats_lock = anyio.Lock()
         self._locks = worker_calls.UidLocks()
         self._max_actors = max_actors
         self._admitting: set[str] = set()
@@ -368,7 +359,7 @@ class WorkerService:
         view = self._live(uid)
         if view is None:
             raise CallError(grpc.StatusCode.NOT_FOUND, f"this worker is not executing {uid!r}")
-        (sample,) = await self._samples([view])
+        (sample,) = await self._stats.samples([view])
         if sample.source == pb.STATS_SOURCE_UNSPECIFIED:
             # Upstream's answer while a boot has not made the sandbox's cgroup yet (or a
             # teardown removed it): "no numbers right now", take the next sample.
@@ -385,7 +376,7 @@ class WorkerService:
         """A sample per live activation (empty: this worker executes nothing)."""
         found = (self._agent.actor(a) for a in self._activations.all_live())
         views = [v for v in found if v is not None]
-        return pb.GetActiveWorkloadStatsResponse(samples=await self._samples(views))
+        return pb.GetActiveWorkloadStatsResponse(samples=await self._stats.samples(views))
 
     # --- Run and Restore: abandonable, undone when abandoned ----------------------------------
 
@@ -644,13 +635,13 @@ class WorkerService:
                 # Not abandonable: a compose the caller gave up on finishes, and is undone
                 # here (a thread left running would mount after the unmount).
                 with anyio.CancelScope(shield=True):
-                    self._cgroups[actor_id] = await self._prepare_bundles(
-                        workload, actor_id, request
-                    )
+                    cgroup = await self._prepare_bundles(workload, actor_id, request)
+                self._stats.place(actor_id, cgroup)
                 registration = self._registration(call, request, workload, actor_id)
             except BaseException:
                 if call.made is None:
                     self._composed.pop(actor_id, None)
+                    self._stats.forget(actor_id)
                     await self._unmount(workload.bundle_dir)
                 raise
             try:
@@ -658,6 +649,7 @@ class WorkerService:
             except BaseException:
                 if self._agent.actor(actor_id) is None:  # nothing was registered
                     self._composed.pop(actor_id, None)
+                    self._stats.forget(actor_id)
                     await self._unmount(workload.bundle_dir)
                 raise
         return actor_id
@@ -751,7 +743,7 @@ class WorkerService:
         """The events that register activation ``actor_id`` with its prepared bundle."""
         call.made = actor_id  # before it exists: an abandoned call deletes it if it does
         identity = {name: getattr(request, name) for name in IDENTITY_FIELDS}
-        identity[EPOCH_KEY] = str(time.time_ns())
+        identity[worker_stats.EPOCH_KEY] = str(time.time_ns())
         gpu = bool(workload.gpu_names) or self._gpu_worker
         bundle = str(workload.bundle_dir)
         if not workload.containers:
@@ -933,163 +925,22 @@ class WorkerService:
                         await anyio.sleep(0.05)
         return self._agent.actor(actor_id)
 
-    # --- stats --------------------------------------------------------------------------------
-
-    async def _samples(self, views: list[actors.ActorView]) -> list[pb.WorkloadStatsSample]:
-        """A sample per view. Every sandbox's cgroup is read in one thread hop (the loop
-        serves the lifecycle calls meanwhile), through a :class:`~.cgroup_stats.CgroupReader`
-        per live activation that keeps its files open; readers of activations no longer
-        live are closed first (its cost at 1,000 live: docs/worker-api.md, Performance)."""
-        readers: list[cgroup_stats.CgroupReader | None] = []
-        for view in views:
-            cgroup = await self._cgroup_of(view)
-            if cgroup is None or view.state in {"registered", "bundle_prepared"}:
-                readers.append(None)
-                continue
-            reader = self._readers.get(view.actor_id)
-            if reader is None:
-                files = cgroup_stats.files_of(cgroup, self._cgroup_root)
-                reader = self._readers[view.actor_id] = cgroup_stats.CgroupReader(files)
-            readers.append(reader)
-        async with self._stats_lock:
-            for actor_id in [a for a in self._readers if not self._activations.is_live(a)]:
-                self._readers.pop(actor_id).close()
-            for actor_id in [a for a in self._cgroups if self._agent.state_of(a) == "deleted"]:
-                del self._cgroups[actor_id]
-            readings = await anyio.to_thread.run_sync(cgroup_stats.read_many, readers)
-        return [self._sample(v, r) for v, r in zip(views, readings, strict=True)]
-
-    @staticmethod
-    def _sample(
-        view: actors.ActorView, reading: cgroup_stats.CgroupSample | None
-    ) -> pb.WorkloadStatsSample:
-        identity = view.identity
-        sample = pb.WorkloadStatsSample(
-            sandbox_class=pb.SANDBOX_CLASS_GVISOR,
-            observed_at_unix_nano=time.time_ns(),
-            epoch_unix_nano=int(identity.get(EPOCH_KEY, "0") or 0),
-            atespace=identity.get("atespace", ""),
-            actor_name=identity.get("actor_name", ""),
-            actor_uid=identity.get("actor_uid", ""),
-            actor_template_atespace=identity.get("actor_template_atespace", ""),
-            actor_template_name=identity.get("actor_template_name", ""),
-        )
-        if reading is not None:
-            sample.source = pb.STATS_SOURCE_CGROUP
-            sample.memory_current_bytes = reading.memory_current_bytes
-            sample.memory_peak_bytes = reading.memory_peak_bytes
-            sample.memory_working_set_bytes = reading.memory_working_set_bytes
-            sample.cpu_usage_usec = reading.cpu_usage_usec
-        return sample
-
-    async def _cgroup_of(self, view: actors.ActorView) -> str | None:
-        """The sandbox's cgroup: set at Run/Restore, else read back from ``_pause``'s bundle
-        (an agent restarted on its log; in a thread); None when not an absolute cgroupfs
-        path."""
-        if view.actor_id not in self._cgroups:
-            path = None
-            with contextlib.suppress(worker_requests.BadRequest):
-                # A ``_pause``-alone activation's bundle is ``_pause``'s own (see _register).
-                bundle_dir = Path(view.bundle) if view.containers else Path(view.bundle).parent
-                config = await _blocking.run_abandonable(
-                    functools.partial(worker_requests.read_pause_config, bundle_dir),
-                    name="substrate-gpu read bundle",
-                )
-                linux = config.get("linux")
-                if isinstance(linux, dict) and isinstance(linux.get("cgroupsPath"), str):
-                    path = linux["cgroupsPath"]
-            self._cgroups[view.actor_id] = path
-        path = self._cgroups[view.actor_id]
-        return path if path is not None and path.startswith("/") else None
-
     # --- shutdown ------------------------------------------------------------------------------
 
     async def shutdown(self, grace: float) -> None:
         """Upstream's ``gracefulShutdown``, under one deadline ``grace`` seconds away: refuse new
         Runs and Restores (a Checkpoint or Terminate is still served), let those in flight finish
         (a checkpoint saves its actor; a Run or Restore goes on to where its effects take
-        it), then SIGTERM every app container of every running sandbox, SIGKILL what is left
-        at the deadline (then up to :data:`KILL_TIMEOUT` for it to go). ``_pause`` is left:
-        it is the sandbox, deleted by a later Terminate or by recovery. An actor whose apps
-        all exited is recorded ``sandbox_exited`` (``running`` → ``stopped``), so the log
-        says what happened to it."""
+        it), then stop every app container of every running sandbox
+        (:func:`.worker_shutdown.stop_apps`: SIGTERM, SIGKILL at the deadline)."""
         self.draining = True
         deadline = anyio.current_time() + grace
         with anyio.move_on_after(grace):
             while self.in_flight:
-                await anyio.sleep(EXIT_POLL)
+                await anyio.sleep(worker_shutdown.EXIT_POLL)
         if self.in_flight:
             log.error(
                 "giving up waiting for in-flight worker calls at shutdown",
                 calls=sorted(self.in_flight.values()),
             )
-        sessions = [
-            v
-            for v in self._agent.actors()
-            if activations.uid_of(v) and v.state == "running" and v.containers
-        ]
-        if not sessions or self._runtime is None:
-            log.info("no app container to stop at shutdown", actors=len(sessions))
-            return
-        if not isinstance(self._runtime, runsc_api.PerActorRoot):
-            log.warning("the runtime has no per-actor roots: app containers left running")
-            return
-        stopped: dict[str, list[bool]] = {v.actor_id: [] for v in sessions}
-        async with anyio.create_task_group() as group:
-            for view in sessions:
-                runtime = self._runtime.for_actor(view.actor_id)
-                for name in view.containers:
-                    group.start_soon(
-                        self._stop_container, runtime, view.actor_id, name, deadline, stopped
-                    )
-        for actor_id, outcomes in stopped.items():
-            if outcomes and all(outcomes):
-                with contextlib.suppress(CallError):
-                    await self._submit(events.SandboxExited(actor_id=actor_id))
-        log.info("app containers stopped at shutdown", actors=len(sessions))
-
-    async def _stop_container(
-        self,
-        runtime: runsc_api.SandboxRuntime,
-        actor_id: str,
-        name: str,
-        deadline: float,
-        stopped: dict[str, list[bool]],
-    ) -> None:
-        """SIGTERM ``name``, wait for it until ``deadline``, then SIGKILL (upstream's
-        ``killContainer``); whether it is gone is appended to ``stopped[actor_id]``."""
-        log.info("sending SIGTERM to container", actor=actor_id, container=name)
-        try:
-            await runtime.kill(name, "SIGTERM")
-        except runsc_api.ContainerNotFoundError:
-            stopped[actor_id].append(True)
-            return
-        except exceptions.SubstrateGpuError as e:
-            log.warning("SIGTERM to container failed", actor=actor_id, container=name, error=str(e))
-        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
-            if await self._exited(runtime, name):
-                stopped[actor_id].append(True)
-                return
-        log.warning("grace period expired; killing container", actor=actor_id, container=name)
-        with contextlib.suppress(exceptions.SubstrateGpuError):
-            await runtime.kill(name, "SIGKILL")
-        with anyio.move_on_after(KILL_TIMEOUT):
-            if await self._exited(runtime, name):
-                stopped[actor_id].append(True)
-                return
-        log.error("container did not exit even after SIGKILL", actor=actor_id, container=name)
-        stopped[actor_id].append(False)
-
-    @staticmethod
-    async def _exited(runtime: runsc_api.SandboxRuntime, name: str) -> bool:
-        """Wait until ``runsc state`` says ``name`` is stopped (or gone); True then."""
-        while True:
-            try:
-                state = await runtime.state(name)
-            except runsc_api.ContainerNotFoundError:
-                return True
-            except exceptions.SubstrateGpuError:
-                state = None
-            if state is not None and state.status == "stopped":
-                return True
-            await anyio.sleep(EXIT_POLL)
+        await worker_shutdown.stop_apps(self._agent, self._runtime, deadline, self._submit)

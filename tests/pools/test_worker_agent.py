@@ -20,7 +20,7 @@ from substrate_gpu.pools import (
     render_worker_deployment,
     worker_agent,
 )
-from substrate_gpu.service import config, worker_api
+from substrate_gpu.service import config, worker_shutdown
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "tests" / "data" / "pools" / "valid").glob("*.yaml"))
@@ -151,7 +151,7 @@ def test_the_agents_whole_shutdown_fits_the_grace_period(deployment: dict[str, A
     pod's grace, so the kubelet's SIGKILL never cuts a checkpoint or the log's close short."""
     settings = agent_config(gpu_container(deployment))
     grace = pod_spec(deployment)["terminationGracePeriodSeconds"]
-    used = settings.workload_grace + worker_api.KILL_TIMEOUT + settings.drain_timeout
+    used = settings.workload_grace + worker_shutdown.KILL_TIMEOUT + settings.drain_timeout
     assert 10 <= grace - used <= 30
 
 
