@@ -641,7 +641,6 @@ class WorkerService:
             except BaseException:
                 if call.made is None:
                     self._composed.pop(actor_id, None)
-                    self._stats.forget(actor_id)
                     await self._unmount(workload.bundle_dir)
                 raise
             try:
@@ -649,7 +648,6 @@ class WorkerService:
             except BaseException:
                 if self._agent.actor(actor_id) is None:  # nothing was registered
                     self._composed.pop(actor_id, None)
-                    self._stats.forget(actor_id)
                     await self._unmount(workload.bundle_dir)
                 raise
         return actor_id

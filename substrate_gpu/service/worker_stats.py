@@ -51,10 +51,6 @@ class Stats:
         path it can read)."""
         self._cgroups[actor_id] = cgroup
 
-    def forget(self, actor_id: str) -> None:
-        """``actor_id`` was never registered (its Run or Restore failed before)."""
-        self._cgroups.pop(actor_id, None)
-
     async def samples(self, views: list[actors.ActorView]) -> list[pb.WorkloadStatsSample]:
         """A sample per view. Every sandbox's cgroup is read in one thread hop (the loop
         serves the lifecycle calls meanwhile)."""

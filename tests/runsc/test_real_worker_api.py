@@ -24,7 +24,14 @@ from pathlib import Path
 import grpc
 import pytest
 from service.agentproc import AgentProcess, event, logged_events
-from service.workerclient import DURABLE_COUNTER, Actor, DurableActor, connect, status_of
+from service.workerclient import (
+    DURABLE_COUNTER,
+    Actor,
+    DurableActor,
+    connect,
+    status_of,
+    wait_until,
+)
 from support import real_runsc as runsc_
 
 from substrate_gpu.service.ateworker import ateworker_pb2 as pb
@@ -534,12 +541,10 @@ def test_sigterm_stops_the_apps_in_gvisor_and_records_it(
     actor_root = root / "stop.1"
     for name in ("polite", "stub"):
         trapped = ("exec", name, "/bin/cat", "/tmp/trapped")
-        for _ in range(500):
-            if runsc_.run(real_runsc, actor_root, *trapped, check=False).returncode == 0:
-                break
-            time.sleep(0.02)
-        else:
-            pytest.fail(f"app {name!r} never set its TERM trap")
+        wait_until(
+            lambda t=trapped: runsc_.run(real_runsc, actor_root, *t, check=False).returncode == 0,
+            every=0.02,
+        )
     started = time.monotonic()
     assert agent.terminate() == 0, agent.stderr()[-3000:]
     assert 9 <= time.monotonic() - started < 40

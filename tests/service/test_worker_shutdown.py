@@ -17,7 +17,7 @@ from support import runc_bundle
 from substrate_gpu.testing import node as node_
 
 from .agentproc import AgentProcess
-from .workerclient import Actor, connect, status_of
+from .workerclient import Actor, connect, status_of, wait_until
 
 pytestmark = pytest.mark.runc
 
@@ -33,15 +33,9 @@ STUBBORN = ["sh", "-c", "trap '' TERM; echo > /tmp/trapped; while true; do sleep
 
 
 def _trapped(actor: Actor) -> None:
-    """Every app container of ``actor`` has set its TERM trap."""
+    """Wait until every app container of ``actor`` has set its TERM trap."""
     for app in actor.apps:
-        mark = actor.bundles / app / "rootfs" / "tmp" / "trapped"
-        for _ in range(500):
-            if mark.exists():
-                break
-            time.sleep(0.02)
-        else:
-            pytest.fail(f"app {app!r} of {actor.uid!r} never set its TERM trap")
+        wait_until((actor.bundles / app / "rootfs" / "tmp" / "trapped").exists, every=0.02)
 
 
 def _agent(tmp_path: Path, runc_path: str, grace: float) -> AgentProcess:
